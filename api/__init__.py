@@ -1,0 +1,1 @@
+"""The HTTP edge (FastAPI app, dashboard) and the `isosweep` CLI."""

@@ -1,0 +1,38 @@
+"""What every sub-command shares: failing in red with a non-zero exit, and the rich consoles."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+from rich.console import Console
+
+out = Console()
+err = Console(stderr=True)
+
+
+class CommandError(Exception):
+    """Raised by a sub-command to stop with a message in red and exit code 1 (2 for usage)."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, object]:
+    """`key=value` pairs; values are read as YAML scalars (numbers, booleans, null, strings)."""
+    import yaml
+
+    result: dict[str, object] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--set expects key=value, got {item!r}", code=2)
+        result[key.strip()] = yaml.safe_load(value) if value != "" else ""
+    return result

@@ -1,0 +1,112 @@
+"""The activation registry: one entry per name, shared by the theory (numpy) and the workers (torch).
+
+Adding an activation here gives it a TrialConfig name, a torch implementation, Hermite
+coefficients and an isometry strength β. A test checks that both implementations agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+LEAKY_SLOPE = 0.01  # torch's default negative slope
+ELU_ALPHA = 1.0
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One activation σ. The network applies σ(α·x); theory expands x ↦ σ(α·x) in Hermite terms."""
+
+    name: str
+    numpy: Callable[[np.ndarray], np.ndarray]  # float64 in, float64 out
+    # Given the torch module, return a callable on tensors (torch is bound lazily: service/ never
+    # imports it).
+    torch: Callable[[Any], Callable[[Any], Any]]
+    breakpoints: tuple[float, ...] = ()  # where σ is not smooth (kinks, jumps), for quadrature
+    params: dict[str, float] = field(default_factory=dict)
+    formula: str = ""
+
+
+def _gelu_np(x: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+
+
+def _sigmoid_np(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # exact, and no overflow for large |x|
+
+
+def _step_torch(torch):
+    return lambda x: (x > 0).to(x.dtype)
+
+
+_ENTRIES = [
+    Activation("identity", lambda x: x, lambda t: (lambda x: x), formula="x"),
+    Activation(
+        "relu", lambda x: np.maximum(x, 0.0), lambda t: t.relu, (0.0,), formula="max(x, 0)"
+    ),
+    Activation(
+        "leaky_relu",
+        lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
+        lambda t: (lambda x: t.nn.functional.leaky_relu(x, LEAKY_SLOPE)),
+        (0.0,),
+        {"negative_slope": LEAKY_SLOPE},
+        "max(x, 0) + s·min(x, 0)",
+    ),
+    Activation("tanh", np.tanh, lambda t: t.tanh, formula="tanh(x)"),
+    Activation("sigmoid", _sigmoid_np, lambda t: t.sigmoid, formula="1/(1+e^(−x))"),
+    Activation("sin", np.sin, lambda t: t.sin, formula="sin(x)"),
+    Activation("exp", np.exp, lambda t: t.exp, formula="e^x"),
+    Activation("gelu", _gelu_np, lambda t: t.nn.functional.gelu, formula="x·Φ(x)"),
+    Activation(
+        "selu",
+        lambda x: SELU_SCALE * np.where(x > 0, x, SELU_ALPHA * np.expm1(np.minimum(x, 0.0))),
+        lambda t: t.nn.functional.selu,
+        (0.0,),
+        {"alpha": SELU_ALPHA, "scale": SELU_SCALE},
+        "λ·(x if x>0 else a·(e^x−1))",
+    ),
+    Activation(
+        "silu", lambda x: x * _sigmoid_np(x), lambda t: t.nn.functional.silu, formula="x·sigmoid(x)"
+    ),
+    Activation(
+        "elu",
+        lambda x: np.where(x > 0, x, ELU_ALPHA * np.expm1(np.minimum(x, 0.0))),
+        lambda t: (lambda x: t.nn.functional.elu(x, ELU_ALPHA)),
+        (0.0,),
+        {"alpha": ELU_ALPHA},
+        "x if x>0 else a·(e^x−1)",
+    ),
+    Activation(
+        "softplus",
+        lambda x: np.logaddexp(0.0, x),
+        lambda t: t.nn.functional.softplus,
+        formula="log(1+e^x)",
+    ),
+    Activation("step", lambda x: (x > 0).astype(np.float64), _step_torch, (0.0,), formula="1[x>0]"),
+]
+
+ACTIVATIONS: dict[str, Activation] = {a.name: a for a in _ENTRIES}
+ACTIVATION_NAMES: tuple[str, ...] = tuple(ACTIVATIONS)
+
+
+def get_activation(name: str) -> Activation:
+    """The registry entry for `name`.
+
+    Raises:
+        InvalidInput: unknown name (the message lists the registered ones).
+    """
+    from service.errors import InvalidInput
+
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise InvalidInput(
+            f"unknown activation {name!r}", field="activation", allowed=ACTIVATION_NAMES
+        ) from None

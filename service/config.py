@@ -1,0 +1,156 @@
+"""TrialConfig — one trial's every knob, with its default — and the metric names every part shares."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from service.activations import ACTIVATION_NAMES
+from service.errors import InvalidInput
+
+# Bump when what a metric means changes: results stored under another version are not reused.
+MEASUREMENT_VERSION = "1"
+
+ActivationName = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
+Norm = Literal["batch", "layer", "none", "batch_scale", "layer_scale"]
+Order = Literal["norm_act", "act_norm"]
+Init = Literal["gaussian", "xavier", "kaiming", "orthogonal"]
+Optimizer = Literal["sgd", "adam"]
+Dataset = Literal["cifar10", "cifar100", "mnist", "fashion_mnist", "digits", "gaussian"]
+EvalNorm = Literal["running", "batch"]
+
+# (input dimension after flattening, number of classes)
+DATASET_SHAPES: dict[str, tuple[int, int]] = {
+    "cifar10": (3072, 10),
+    "cifar100": (3072, 100),
+    "mnist": (784, 10),
+    "fashion_mnist": (784, 10),
+    "digits": (64, 10),
+    "gaussian": (100, 10),
+}
+
+SCALAR_METRICS: tuple[str, ...] = (
+    "train_loss",
+    "train_acc",
+    "test_loss",
+    "test_acc",
+    "epoch_time_s",
+    "head_grad_norm",  # Frobenius norm of ∂L/∂W of the classifier head, probe batch
+    "head_weight_isometry_gap",  # gap(W Wᵀ) of the classifier head
+)
+LAYER_METRICS: tuple[str, ...] = (
+    "isometry_gap/linear",  # gap of the Gram of block ℓ's Linear output, probe batch
+    "isometry_gap/norm",  # … of its normalization output (absent when norm = none)
+    "isometry_gap/act",  # … of its activation output
+    "weight_isometry_gap",  # gap(W_ℓ W_ℓᵀ)
+    "grad_norm",  # ‖∂L/∂W_ℓ‖_F on the probe batch
+)
+METRICS: tuple[str, ...] = SCALAR_METRICS + LAYER_METRICS
+
+
+class TrialConfig(BaseModel):
+    """One trial. Same config and seed give the same numbers on CPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    depth: int = Field(10, ge=1, description="hidden blocks L (Linear then norm/activation)")
+    width: int = Field(100, ge=1, description="hidden width d")
+    activation: ActivationName = Field("relu", description="σ; the block computes σ(α_ℓ·x)")
+    activation_gain: float = Field(1.0, gt=0, allow_inf_nan=False, description="α")
+    gain_exponent: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="p: α_ℓ = α·ℓ^(−p), ℓ = 1..L"
+    )
+    norm: Norm = Field("batch", description="normalization; *_scale = scale only, no centering")
+    order: Order = Field("norm_act", description="norm_act: Linear→norm→σ; act_norm: Linear→σ→norm")
+    init: Init = Field("gaussian", description="weight init; gaussian = N(0, g²/fan_in)")
+    init_gain: float = Field(1.0, gt=0, allow_inf_nan=False, description="g")
+    bias: bool = Field(False, description="Linear layers carry a bias")
+    batch_size: int = Field(100, ge=1, description="mini-batch size; also the probe batch size n")
+    epochs: int = Field(10, ge=0, description="training epochs; 0 = measure at initialization")
+    optimizer: Optimizer = "sgd"
+    lr: float = Field(0.01, gt=0, allow_inf_nan=False)
+    momentum: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
+    weight_decay: float = Field(0.0, ge=0, allow_inf_nan=False)
+    dataset: Dataset = "digits"
+    max_train_samples: int | None = Field(
+        None, ge=1, description="train on a seeded subset of this many samples (None = all)"
+    )
+    eval_norm: EvalNorm = Field(
+        "running", description="test metrics use BatchNorm running stats or each batch's own"
+    )
+    record_every: int = Field(1, ge=1, description="record every k epochs; epoch 0 always")
+    seed: int = Field(0, ge=0, lt=2**31)
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> TrialConfig:
+        if self.norm in ("batch", "batch_scale") and self.batch_size < 2:
+            raise ValueError("batch_size must be ≥ 2 when norm is batch or batch_scale")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @property
+    def recorded_epochs(self) -> list[int]:
+        """The epochs that get a record: 0, k, 2k, …, and always the last one."""
+        epochs = list(range(0, self.epochs + 1, self.record_every))
+        if epochs[-1] != self.epochs:
+            epochs.append(self.epochs)
+        return epochs
+
+
+CONFIG_FIELDS: tuple[str, ...] = tuple(TrialConfig.model_fields)
+
+
+def parse_trial_config(data: dict[str, Any], *, where: str = "") -> TrialConfig:
+    """Validate a dict into a TrialConfig.
+
+    Raises:
+        InvalidInput: names the first offending field (prefixed by `where`) and what is allowed.
+    """
+    try:
+        return TrialConfig(**data)
+    except ValidationError as exc:
+        raise pydantic_to_invalid(exc, where=where) from None
+
+
+def pydantic_to_invalid(exc: ValidationError, *, where: str = "") -> InvalidInput:
+    """One InvalidInput naming every bad field of a pydantic ValidationError."""
+    parts = []
+    first_field = None
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        path = ".".join(p for p in (where, loc) if p)
+        first_field = first_field or path or where or None
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{path}: {msg}" if path else msg)
+    err = InvalidInput("; ".join(parts))
+    err.field = first_field
+    return err
+
+
+def config_hash(config: TrialConfig) -> str:
+    """Canonical hash of a trial: its full resolved config plus the measurement version."""
+    payload = {"config": config.to_dict(), "measurement_version": MEASUREMENT_VERSION}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def estimate_memory_bytes(config: TrialConfig) -> float:
+    """Rough peak memory of one trial: parameters, gradients, optimizer state and activations.
+
+    A guard against specs that would take a machine down, not an accounting.
+    """
+    d_in, n_classes = DATASET_SHAPES[config.dataset]
+    L, d, n = config.depth, config.width, config.batch_size
+    params = d_in * d + (L - 1) * d * d + d * n_classes
+    states = 2 if config.optimizer == "adam" else (1 if config.momentum else 0)
+    param_bytes = 4 * params * (2 + states)  # weights, grads, optimizer state (float32)
+    act_bytes = 4 * n * d * L * 6  # each block keeps ~3 outputs plus their gradients
+    measure_bytes = 8 * L * 3 * n * n  # the stacked float64 Gram matrices of one measurement
+    return float(param_bytes + act_bytes + measure_bytes)

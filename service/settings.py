@@ -1,0 +1,39 @@
+"""One typed settings class; every value can be set with an `ISOSWEEP_` environment variable."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ISOSWEEP_", extra="ignore")
+
+    database_url: str = "sqlite:///isosweep.db"  # SQLite file in the working directory
+    data_dir: Path = Path("data")  # torchvision datasets are read from / downloaded to here
+    host: str = "127.0.0.1"  # the API binds to loopback unless told otherwise
+    port: int = Field(8000, ge=1, le=65535)
+    api_token: str | None = None  # when set, mutating requests need `Authorization: Bearer …`
+
+    # Limits that protect the machine; a spec over one is rejected naming the field.
+    max_trials_per_sweep: int = Field(5000, ge=1)
+    max_depth: int = Field(5000, ge=1)
+    max_width: int = Field(8192, ge=1)
+    max_batch_size: int = Field(65536, ge=1)
+    max_epochs: int = Field(100_000, ge=0)
+    max_trial_memory_gb: float = Field(64.0, gt=0)  # estimate: weights, grads, optimizer, activations
+
+    # Bounds on reads and requests.
+    max_points: int = Field(2_000_000, ge=1)  # most values one metrics query may return
+    max_page_size: int = Field(1000, ge=1)
+    max_body_bytes: int = Field(1_000_000, ge=1)
+
+    runner_poll_s: float = Field(2.0, gt=0)  # how often an idle runner looks for queued sweeps
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

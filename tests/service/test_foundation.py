@@ -1,0 +1,72 @@
+"""The shared contracts: config validation, hashing, the JSON spelling of non-finite values."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from service import jsonfmt
+from service.activations import ACTIVATION_NAMES, get_activation
+from service.config import (
+    CONFIG_FIELDS,
+    TrialConfig,
+    config_hash,
+    parse_trial_config,
+)
+from service.errors import InvalidInput
+
+
+def test_defaults_and_recorded_epochs():
+    cfg = TrialConfig(epochs=7, record_every=3)
+    assert cfg.recorded_epochs == [0, 3, 6, 7]
+    assert TrialConfig(epochs=0).recorded_epochs == [0]
+
+
+def test_unknown_key_names_the_field():
+    with pytest.raises(InvalidInput) as exc:
+        parse_trial_config({"depht": 3})
+    assert exc.value.field == "depht"
+    assert "unknown field" in exc.value.message
+
+
+def test_bad_value_names_field_and_allowed_values():
+    with pytest.raises(InvalidInput) as exc:
+        parse_trial_config({"norm": "group"})
+    assert exc.value.field == "norm"
+    assert "'batch'" in exc.value.message and "'layer_scale'" in exc.value.message
+
+
+def test_batchnorm_needs_two_samples():
+    with pytest.raises(InvalidInput, match="batch_size"):
+        parse_trial_config({"norm": "batch", "batch_size": 1})
+    assert parse_trial_config({"norm": "layer", "batch_size": 1}).batch_size == 1
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0.0])
+def test_gain_must_be_positive_and_finite(bad):
+    with pytest.raises(InvalidInput, match="activation_gain"):
+        parse_trial_config({"activation_gain": bad})
+
+
+def test_hash_depends_on_every_field_and_not_on_key_order():
+    a = TrialConfig(depth=5, width=7)
+    b = parse_trial_config({"width": 7, "depth": 5})
+    assert config_hash(a) == config_hash(b)
+    assert config_hash(a) != config_hash(TrialConfig(depth=5, width=7, seed=1))
+    assert "seed" in CONFIG_FIELDS
+
+
+def test_nonfinite_json_roundtrip():
+    values = [1.5, math.nan, math.inf, -math.inf, 0.0]
+    text = jsonfmt.dumps({"v": np.array(values)})
+    parsed = json.loads(text)  # a standard parser reads it
+    assert parsed["v"][1:4] == ["NaN", "Infinity", "-Infinity"]
+    back = [jsonfmt.decode_float(x) for x in parsed["v"]]
+    assert back[0] == 1.5 and math.isnan(back[1]) and back[2] == math.inf and back[3] == -math.inf
+
+
+def test_activation_registry_lookup():
+    assert "relu" in ACTIVATION_NAMES and len(ACTIVATION_NAMES) == 13
+    with pytest.raises(InvalidInput, match="allowed: identity"):
+        get_activation("swish")
