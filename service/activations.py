@@ -47,14 +47,12 @@ def _step_torch(torch):
 
 
 _ENTRIES = [
-    Activation("identity", lambda x: x, lambda t: (lambda x: x), formula="x"),
-    Activation(
-        "relu", lambda x: np.maximum(x, 0.0), lambda t: t.relu, (0.0,), formula="max(x, 0)"
-    ),
+    Activation("identity", lambda x: x, lambda t: lambda x: x, formula="x"),
+    Activation("relu", lambda x: np.maximum(x, 0.0), lambda t: t.relu, (0.0,), formula="max(x, 0)"),
     Activation(
         "leaky_relu",
         lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
-        lambda t: (lambda x: t.nn.functional.leaky_relu(x, LEAKY_SLOPE)),
+        lambda t: lambda x: t.nn.functional.leaky_relu(x, LEAKY_SLOPE),
         (0.0,),
         {"negative_slope": LEAKY_SLOPE},
         "max(x, 0) + s·min(x, 0)",
@@ -78,7 +76,7 @@ _ENTRIES = [
     Activation(
         "elu",
         lambda x: np.where(x > 0, x, ELU_ALPHA * np.expm1(np.minimum(x, 0.0))),
-        lambda t: (lambda x: t.nn.functional.elu(x, ELU_ALPHA)),
+        lambda t: lambda x: t.nn.functional.elu(x, ELU_ALPHA),
         (0.0,),
         {"alpha": ELU_ALPHA},
         "x if x>0 else a·(e^x−1)",

@@ -1,13 +1,13 @@
 """Domain errors. No HTTP here: api/errors.py maps each class to a status code.
 
-    IsosweepError
-     ├── InvalidInput          the caller sent something wrong (names the field)
-     │    └── LimitExceeded    valid, but over a machine-protecting limit (a setting)
-     ├── NotFound              no such sweep / trial / plot kind
-     ├── Conflict              the request does not fit the current state
-     ├── Unauthorized          a mutating request without the right token
-     ├── DataUnavailable       a dataset's files are missing and cannot be downloaded
-     └── StorageError          the database failed; the transaction was rolled back
+IsosweepError
+ ├── InvalidInput          the caller sent something wrong (names the field)
+ │    └── LimitExceeded    valid, but over a machine-protecting limit (a setting)
+ ├── NotFound              no such sweep / trial / plot kind
+ ├── Conflict              the request does not fit the current state
+ ├── Unauthorized          a mutating request without the right token
+ ├── DataUnavailable       a dataset's files are missing and cannot be downloaded
+ └── StorageError          the database failed; the transaction was rolled back
 """
 
 from __future__ import annotations

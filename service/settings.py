@@ -24,7 +24,9 @@ class Settings(BaseSettings):
     max_width: int = Field(8192, ge=1)
     max_batch_size: int = Field(65536, ge=1)
     max_epochs: int = Field(100_000, ge=0)
-    max_trial_memory_gb: float = Field(64.0, gt=0)  # estimate: weights, grads, optimizer, activations
+    max_trial_memory_gb: float = Field(
+        64.0, gt=0
+    )  # estimate: weights, grads, optimizer, activations
 
     # Bounds on reads and requests.
     max_points: int = Field(2_000_000, ge=1)  # most values one metrics query may return
@@ -32,6 +34,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_000_000, ge=1)
 
     runner_poll_s: float = Field(2.0, gt=0)  # how often an idle runner looks for queued sweeps
+    runner_lease_s: float = Field(60.0, gt=0)  # a running sweep without a heartbeat this long
+    # is taken over by another runner (the first one died)
 
 
 @lru_cache
