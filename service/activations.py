@@ -1,4 +1,4 @@
-"""The activation registry: one entry per name, shared by the theory (numpy) and the workers (torch).
+"""The activation registry: one entry per name, shared by theory (numpy) and workers (torch).
 
 Adding an activation here gives it a TrialConfig name, a torch implementation, Hermite
 coefficients and an isometry strength β. A test checks that both implementations agree.

@@ -1,4 +1,4 @@
-"""TrialConfig — one trial's every knob, with its default — and the metric names every part shares."""
+"""TrialConfig (one trial's every knob, with its default) and the metric names all parts share."""
 
 from __future__ import annotations
 
