@@ -1,3 +1,3 @@
-"""isosweep's core: settings, specs, store, theory, plots. Imports neither FastAPI, Ray nor torch."""
+"""isosweep's core: settings, specs, store, theory, plots. No FastAPI, Ray or torch here."""
 
 __version__ = "0.1.0"
