@@ -1,0 +1,140 @@
+"""Plots of tidy metric frames (docs/architecture.md, "The tidy frame") as PNG or SVG bytes.
+
+    render("depth_scaling", frame, metric="grad_norm", group_by="init", layer=1) -> bytes
+
+Kinds: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay (docs/plots.md).
+The series functions return the numbers each kind draws. Matplotlib is imported only when a
+figure is built, so importing this package costs the API nothing at start-up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from service.config import METRICS
+from service.errors import InvalidInput
+from service.plots.labels import METRIC_LABELS, field_label
+from service.plots.select import Lines, check_choice, check_frame, check_metric, wants_log
+from service.plots.series import (
+    Grid,
+    depth_scaling_series,
+    heatmap_series,
+    layer_profile_series,
+    theory_lines,
+    theory_overlay_series,
+    training_curves_series,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "FORMATS",
+    "METRIC_LABELS",
+    "PLOT_KINDS",
+    "Grid",
+    "Lines",
+    "build_figure",
+    "depth_scaling_series",
+    "field_label",
+    "heatmap_series",
+    "layer_profile_series",
+    "render",
+    "theory_lines",
+    "theory_overlay_series",
+    "training_curves_series",
+    "wants_log",
+]
+
+PLOT_KINDS: tuple[str, ...] = (
+    "layer_profile",
+    "depth_scaling",
+    "training_curves",
+    "heatmap",
+    "theory_overlay",
+)
+FORMATS: tuple[str, ...] = ("png", "svg")
+
+# The optional parameters each kind reads; passing another one is an error, not ignored.
+_TAKES: dict[str, frozenset[str]] = {
+    "layer_profile": frozenset({"x", "group_by", "epoch"}),
+    "depth_scaling": frozenset({"x", "group_by", "epoch", "layer"}),
+    "training_curves": frozenset({"x", "group_by", "layer"}),
+    "heatmap": frozenset({"x", "group_by", "epoch", "layer"}),
+    "theory_overlay": frozenset({"x", "group_by", "epoch", "layer", "theory"}),
+}
+
+
+def render(
+    kind: str,
+    frame: pd.DataFrame,
+    *,
+    metric: str | list[str],
+    fmt: str = "png",
+    x: str | None = None,
+    group_by: str | None = None,
+    epoch: int | None = None,
+    layer: int | None = None,
+    title: str | None = None,
+    theory: dict | None = None,
+) -> bytes:
+    """Draw one plot of a tidy frame and return it as PNG or SVG bytes.
+
+    An empty frame (or one without rows of the metric) gives a figure saying "no data".
+
+    Raises:
+        InvalidInput: an unknown kind, metric or format, a parameter the kind does not take,
+            or one the frame cannot serve (a missing column, an unrecorded epoch or layer);
+            `field` names it and the message lists the allowed values.
+    """
+    check_choice(fmt, FORMATS, "format")
+    fig = build_figure(
+        kind, frame, metric=metric, x=x, group_by=group_by, epoch=epoch, layer=layer,
+        title=title, theory=theory,
+    )  # fmt: skip
+    from service.plots.draw import to_bytes
+
+    return to_bytes(fig, fmt)
+
+
+def build_figure(
+    kind: str,
+    frame: pd.DataFrame,
+    *,
+    metric: str | list[str],
+    x: str | None = None,
+    group_by: str | None = None,
+    epoch: int | None = None,
+    layer: int | None = None,
+    title: str | None = None,
+    theory: dict | None = None,
+) -> Figure:
+    """The matplotlib Figure that `render` saves (same arguments, no format)."""
+    check_choice(kind, PLOT_KINDS, "kind")
+    metrics = _metrics(kind, metric)
+    given = {"x": x, "group_by": group_by, "epoch": epoch, "layer": layer, "theory": theory}
+    for name, value in given.items():
+        if value is not None and name not in _TAKES[kind]:
+            msg = f"{kind} does not take this parameter"
+            raise InvalidInput(msg, field=name, allowed=sorted(_TAKES[kind]))
+    from service.plots import draw
+    from service.plots.kinds import BUILDERS
+
+    if frame.empty:
+        return draw.no_data(title or f"{kind}: {', '.join(metrics)}", "the frame is empty")
+    check_frame(frame)
+    first = metrics if kind == "training_curves" else metrics[0]
+    return BUILDERS[kind](frame, first, **given, title=title)
+
+
+def _metrics(kind: str, metric: str | list[str]) -> list[str]:
+    metrics = [metric] if isinstance(metric, str) else list(metric)
+    if not metrics:
+        raise InvalidInput("no metric given", field="metric", allowed=METRICS)
+    for m in metrics:
+        check_metric(m)
+    if len(metrics) > 1 and kind != "training_curves":
+        raise InvalidInput(f"{kind} draws one metric, got {len(metrics)}", field="metric")
+    return metrics

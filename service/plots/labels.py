@@ -1,0 +1,51 @@
+"""Axis labels: every metric with its definition (SCIENCE.md), and the config fields' symbols."""
+
+from __future__ import annotations
+
+_GAP = "log(mean λ) − mean(log λ)"
+
+METRIC_LABELS: dict[str, str] = {
+    "train_loss": "train loss: mean cross-entropy on the training set",
+    "train_acc": "train accuracy: fraction of training samples classified correctly",
+    "test_loss": "test loss: mean cross-entropy on the test set",
+    "test_acc": "test accuracy: fraction of test samples classified correctly",
+    "epoch_time_s": "epoch time [s]: wall time of one training epoch (measuring excluded)",
+    "head_grad_norm": "gradient norm of the classifier head: Frobenius ‖∂L/∂W‖ on the probe batch",
+    "head_weight_isometry_gap": f"weight isometry gap of the classifier head, {_GAP} of W Wᵀ",
+    "isometry_gap/linear": f"isometry gap of the Linear output, {_GAP} of G = HHᵀ",
+    "isometry_gap/norm": f"isometry gap of the normalization output, {_GAP} of G = HHᵀ",
+    "isometry_gap/act": f"isometry gap of the activation output, {_GAP} of G = HHᵀ",
+    "weight_isometry_gap": f"weight isometry gap of layer ℓ, {_GAP} of Wℓ Wℓᵀ",
+    "grad_norm": "gradient norm of layer ℓ: Frobenius ‖∂L/∂Wℓ‖ on the probe batch",
+}
+
+# Axis names of the non-metric dimensions (TrialConfig fields, epoch, layer).
+FIELD_LABELS: dict[str, str] = {
+    "epoch": "epoch",
+    "layer": "layer ℓ",
+    "depth": "depth L (hidden blocks)",
+    "width": "width d",
+    "activation_gain": "activation gain α",
+    "gain_exponent": "gain exponent p (α_ℓ = α·ℓ^(−p))",
+    "init_gain": "init gain g",
+    "batch_size": "batch size n",
+    "lr": "learning rate",
+    "momentum": "momentum",
+    "weight_decay": "weight decay",
+    "epochs": "epochs",
+    "seed": "seed",
+}
+
+
+def field_label(name: str) -> str:
+    """The axis label of a dimension: a known symbol, or the column name itself."""
+    return FIELD_LABELS.get(name, name)
+
+
+def layer_text(layer: int | None) -> str:
+    """A layer choice as a title reads it: None = each trial's last, −k = k-th from the end."""
+    if layer is None or layer == -1:
+        return "last layer ℓ = L"
+    if layer < 0:
+        return f"layer ℓ = L − {-layer - 1}"
+    return f"layer ℓ = {layer}"

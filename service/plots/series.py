@@ -1,0 +1,250 @@
+"""What each plot kind draws, as plain data: lines (x, mean, 95% CI, counts) or a grid.
+
+These functions are the plots' numbers, testable without drawing. Seeds are pooled by
+service.tidy.aggregate_over_seeds; non-finite values stay in `mean` as what they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from service.config import LAYER_METRICS
+from service.errors import InvalidInput
+from service.plots.select import (
+    Lines,
+    check_column,
+    check_numeric,
+    config_columns,
+    line_keys,
+    metric_rows,
+    plain_values,
+    resolve_epoch,
+    seed_bands,
+    select_epoch,
+    select_layer,
+    varying,
+)
+from service.tidy import aggregate_over_seeds
+
+MAX_EPOCH_LINES = 8  # a layer profile with more recorded epochs shows this many, evenly spaced
+
+
+def epoch_subset(epochs: np.ndarray, limit: int = MAX_EPOCH_LINES) -> np.ndarray:
+    """At most `limit` of the recorded epochs, evenly spaced, always the first and the last."""
+    es = np.unique(epochs)
+    if es.size <= limit:
+        return es
+    return es[np.unique(np.linspace(0, es.size - 1, limit).round().astype(int))]
+
+
+def _one_config(rows: pd.DataFrame) -> bool:
+    return not varying(rows, config_columns(rows))
+
+
+def layer_profile_series(
+    frame: pd.DataFrame, metric: str, *, group_by: str | None = None, epoch: int | None = None
+) -> Lines:
+    """A per-layer metric against ℓ = 1..L, mean and 95% CI over seeds.
+
+    Lines are epochs (group_by="epoch", or by default when the frame holds one configuration;
+    at most MAX_EPOCH_LINES of them unless `epoch` picks one) or configurations (group_by a
+    config column, at `epoch`, default the last recorded one).
+    """
+    rows = metric_rows(frame, metric)
+    if rows.empty:
+        return Lines({}, [], False)
+    _need_layers(rows, metric)
+    if group_by is not None:
+        check_column(rows, group_by, "group_by", extra=("epoch",))
+    if group_by == "epoch" or (group_by is None and _one_config(rows)):
+        if epoch is None:
+            rows = rows[rows["epoch"].isin(epoch_subset(rows["epoch"].to_numpy()))]
+        else:
+            rows = select_epoch(rows, epoch)
+        keys = ["epoch", *line_keys(rows, None)]
+    else:
+        rows = select_epoch(rows, epoch)
+        keys = line_keys(rows, group_by)
+    return seed_bands(rows, keys, "layer")
+
+
+def _need_layers(rows: pd.DataFrame, metric: str) -> None:
+    if rows["layer"].isna().all():
+        raise InvalidInput(f"{metric!r} has no layers", field="metric", allowed=LAYER_METRICS)
+
+
+def depth_scaling_series(
+    frame: pd.DataFrame,
+    metric: str,
+    *,
+    x: str = "depth",
+    group_by: str | None = None,
+    epoch: int | None = None,
+    layer: int | None = None,
+) -> Lines:
+    """A metric at one layer (default each trial's last, ℓ = L) and one epoch (default the last)
+    against a numeric config field `x` (default depth), one line per `group_by` value (and per
+    value of every other varying config field), mean and 95% CI over seeds."""
+    rows = metric_rows(frame, metric)
+    if rows.empty:
+        return Lines({}, [], False)
+    check_numeric(rows, x, "x")
+    _check_group(rows, group_by, x)
+    rows = select_layer(select_epoch(rows, epoch), layer)
+    return seed_bands(rows, line_keys(rows, group_by, exclude=(x,)), x)
+
+
+def _check_group(rows: pd.DataFrame, group_by: str | None, x: str) -> None:
+    if group_by is None:
+        return
+    check_column(rows, group_by, "group_by")
+    if group_by == x:
+        allowed = [c for c in config_columns(rows) if c != x]
+        raise InvalidInput(
+            f"group_by must differ from x ({x!r})", field="group_by", allowed=allowed
+        )
+
+
+def training_curves_series(
+    frame: pd.DataFrame, metric: str, *, group_by: str | None = None, layer: int | None = None
+) -> Lines:
+    """A metric against epoch, one line per configuration (`group_by` first), mean and 95% CI
+    over seeds. A per-layer metric is taken at `layer` (default each trial's last)."""
+    rows = metric_rows(frame, metric)
+    if rows.empty:
+        return Lines({}, [], False)
+    _check_group(rows, group_by, "epoch")
+    rows = select_layer(rows, layer)
+    return seed_bands(rows, line_keys(rows, group_by), "epoch")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A heatmap's cells: values[i, j] is the mean over seeds at y = ys[i], x = xs[j]."""
+
+    x: str
+    y: str
+    xs: np.ndarray  # (nx,) sorted
+    ys: np.ndarray  # (ny,) sorted
+    values: np.ndarray  # (ny, nx) float64; NaN also where there is no record
+    present: np.ndarray  # (ny, nx) bool: a record exists (tells a NaN value from a hole)
+
+
+def heatmap_series(
+    frame: pd.DataFrame,
+    metric: str,
+    *,
+    x: str = "epoch",
+    y: str = "layer",
+    epoch: int | None = None,
+    layer: int | None = None,
+) -> Grid | None:
+    """A metric over two dimensions (epoch, layer or config fields), mean over seeds per cell.
+
+    `epoch` / `layer` fix those dimensions when they are not axes (defaults: the last epoch,
+    each trial's last layer). Any other varying config field is an error naming it: a cell
+    holds one configuration. None when the frame has no rows of the metric.
+    """
+    rows = metric_rows(frame, metric)
+    if rows.empty:
+        return None
+    for name, field in ((x, "x"), (y, "group_by")):
+        check_column(rows, name, field, extra=("epoch", "layer"))
+    if x == y:
+        raise InvalidInput("the two heatmap axes must differ", field="group_by")
+    if "layer" in (x, y):
+        _need_layers(rows, metric)
+    if "epoch" not in (x, y):
+        rows = select_epoch(rows, epoch)
+    if "layer" not in (x, y):
+        rows = select_layer(rows, layer)
+    agg = aggregate_over_seeds(rows)
+    _one_config_per_cell(agg, (x, y))
+    return _grid(agg, x, y)
+
+
+def _one_config_per_cell(agg: pd.DataFrame, axes: tuple[str, str]) -> None:
+    extra = varying(agg, [c for c in config_columns(agg) if c not in axes])
+    if extra:
+        c = extra[0]
+        values = sorted(agg[c].dropna().unique().tolist())
+        raise InvalidInput(
+            f"a heatmap cell holds one configuration but the frame varies {c!r}: filter it to "
+            "one value or make it an axis (x / group_by)",
+            field=c,
+            allowed=values,
+        )
+
+
+def _grid(agg: pd.DataFrame, x: str, y: str) -> Grid:
+    xv, yv = plain_values(agg[x]), plain_values(agg[y])
+    xs, ys = np.unique(xv), np.unique(yv)
+    j, i = np.searchsorted(xs, xv), np.searchsorted(ys, yv)
+    values = np.full((ys.size, xs.size), np.nan)  # (ny, nx)
+    present = np.zeros((ys.size, xs.size), dtype=bool)
+    values[i, j] = agg["mean"].to_numpy("float64")
+    present[i, j] = True
+    if present.sum() < len(agg):
+        raise InvalidInput(f"several rows per ({y}, {x}) cell", field="frame")
+    return Grid(x, y, xs, ys, values, present)
+
+
+def theory_lines(theory: dict | None) -> dict[str, pd.DataFrame]:
+    """The mean-field predictions, label → frame (x = layer ℓ, value = predicted gap)."""
+    out = {}
+    for label, pair in (theory or {}).items():
+        try:
+            ell, gap = (np.asarray(a, dtype=float) for a in pair)
+        except (TypeError, ValueError):
+            raise InvalidInput(
+                f"{label!r}: expected (layers, gaps) arrays", field="theory"
+            ) from None
+        if ell.ndim != 1 or ell.shape != gap.shape:
+            raise InvalidInput(
+                f"{label!r}: layers {ell.shape} and gaps {gap.shape} must be 1-D of one length",
+                field="theory",
+            )
+        order = np.argsort(ell, kind="stable")
+        out[str(label)] = pd.DataFrame({"x": ell[order], "value": gap[order]})
+    return out
+
+
+def theory_overlay_series(
+    frame: pd.DataFrame,
+    metric: str,
+    *,
+    x: str | None = None,
+    group_by: str | None = None,
+    epoch: int | None = None,
+    layer: int | None = None,
+    theory: dict | None = None,
+) -> tuple[Lines, dict[str, pd.DataFrame]]:
+    """Measured isometry gaps and the mean-field predictions, on one axis.
+
+    x = "depth" (default when depth varies): the gap at `layer` (default ℓ = L) against depth;
+    x = "layer": the gap profile against ℓ. The prediction at layer ℓ is the infinite-width gap
+    after ℓ blocks (Joudaki et al. 2023, Thm 5.1), which does not depend on the total depth, so
+    both read against the same axis. `epoch` defaults to the first recorded (initialization).
+    """
+    rows = metric_rows(frame, metric)
+    predicted = theory_lines(theory)
+    if rows.empty:
+        return Lines({}, [], False), predicted
+    x = x or default_theory_x(rows)
+    if x not in ("depth", "layer"):
+        raise InvalidInput(f"unknown value {x!r}", field="x", allowed=("depth", "layer"))
+    ep = resolve_epoch(rows, epoch, default="first")
+    if x == "depth":
+        measured = depth_scaling_series(
+            rows, metric, x="depth", group_by=group_by, epoch=ep, layer=layer
+        )
+    else:
+        measured = layer_profile_series(rows, metric, group_by=group_by, epoch=ep)
+    return measured, predicted
+
+
+def default_theory_x(rows: pd.DataFrame) -> str:
+    return "depth" if "depth" in rows.columns and rows["depth"].nunique() > 1 else "layer"
