@@ -1,0 +1,295 @@
+"""SweepSpec: what a researcher submits (YAML or JSON), its validation, limits and expansion.
+
+A list-valued parameter is a sweep axis, a scalar is fixed for every trial; `seeds` multiplies
+the cartesian product of the axes. Every value goes through TrialConfig's own field validation,
+so an error names `parameters.<field>` and what is allowed. Limits that protect the machine
+(trial count, depth, width, batch size, epochs, a trial's memory estimate) come from Settings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from service.config import (
+    CONFIG_FIELDS,
+    TrialConfig,
+    estimate_memory_bytes,
+    parse_trial_config,
+    pydantic_to_invalid,
+)
+from service.errors import InvalidInput, LimitExceeded
+from service.settings import Settings, get_settings
+
+SWEPT_BY_SPEC = tuple(f for f in CONFIG_FIELDS if f != "seed")  # `seeds` sets the seed
+SEED_LIMIT = 2**31  # TrialConfig.seed < 2**31
+
+
+class Resources(BaseModel):
+    """What one trial asks of a Ray worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu: float = Field(1.0, gt=0, allow_inf_nan=False, description="CPUs per trial")
+    gpu: float = Field(0.0, ge=0, allow_inf_nan=False, description="GPUs per trial (fractional ok)")
+
+    @field_validator("gpu")
+    @classmethod
+    def _whole_above_one(cls, v: float) -> float:
+        # Ray packs fractions of one GPU; more than one must be whole GPUs.
+        if v > 1 and not float(v).is_integer():
+            raise ValueError("a gpu request above 1 must be a whole number")
+        return v
+
+
+class SweepSpec(BaseModel):
+    """One sweep: parameters (lists are axes, scalars fixed) × seeds, plus how to run it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    seeds: int | list[int] = 1  # a count n (seeds 0..n−1) or an explicit list of distinct seeds
+    resources: Resources = Field(default_factory=Resources)
+    max_failures: int = Field(1, ge=0, description="retries of a crashed trial before `failed`")
+    priority: int = Field(0, description="higher runs first; ties by submission time")
+    rerun: bool = Field(False, description="run trials even when identical results are stored")
+
+    @field_validator("name")
+    @classmethod
+    def _name_not_blank(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be blank")
+        return v.strip()
+
+    @field_validator("parameters", mode="before")
+    @classmethod
+    def _check_parameters(cls, v: Any) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise InvalidInput("must be a mapping of TrialConfig fields", field="parameters")
+        return {str(k): _normalize_parameter(str(k), value) for k, value in v.items()}
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _check_seeds(cls, v: Any) -> int | list[int]:
+        return _normalize_seeds(v)
+
+    @property
+    def seed_list(self) -> list[int]:
+        if isinstance(self.seeds, int):
+            return list(range(self.seeds))
+        return list(self.seeds)
+
+    @property
+    def axes(self) -> dict[str, list[Any]]:
+        """The swept parameters, in the order they were written."""
+        return {k: v for k, v in self.parameters.items() if isinstance(v, list)}
+
+    @property
+    def fixed(self) -> dict[str, Any]:
+        return {k: v for k, v in self.parameters.items() if not isinstance(v, list)}
+
+    @property
+    def n_trials(self) -> int:
+        return math.prod(len(v) for v in self.axes.values()) * _n_seeds(self)
+
+
+def _n_seeds(spec: SweepSpec) -> int:
+    return spec.seeds if isinstance(spec.seeds, int) else len(spec.seeds)
+
+
+@cache
+def _field_adapter(name: str) -> TypeAdapter:
+    info = TrialConfig.model_fields[name]
+    return TypeAdapter(Annotated[info.annotation, info])
+
+
+def validate_field(name: str, value: Any, *, where: str) -> Any:
+    """One TrialConfig field's value, validated and normalized (JSON types).
+
+    Raises:
+        InvalidInput: `where` names the field; the message says what is allowed.
+    """
+    if name not in CONFIG_FIELDS:
+        raise InvalidInput("unknown field", field=where, allowed=CONFIG_FIELDS)
+    adapter = _field_adapter(name)
+    try:
+        return adapter.dump_python(adapter.validate_python(value), mode="json")
+    except ValidationError as exc:
+        raise pydantic_to_invalid(exc, where=where) from None
+
+
+def _normalize_parameter(name: str, value: Any) -> Any:
+    where = f"parameters.{name}"
+    if name == "seed":
+        raise InvalidInput("set seeds with the top-level `seeds` key", field=where)
+    if name not in SWEPT_BY_SPEC:
+        raise InvalidInput("unknown field", field=where, allowed=SWEPT_BY_SPEC)
+    if isinstance(value, dict):
+        raise InvalidInput("must be a value or a list of values", field=where)
+    if not isinstance(value, list | tuple):
+        return validate_field(name, value, where=where)
+    if not value:
+        raise InvalidInput("an axis needs at least one value", field=where)
+    values = [validate_field(name, v, where=f"{where}[{i}]") for i, v in enumerate(value)]
+    if len(set(values)) != len(values):  # normalized: "1e-3" and 0.001 are the same value
+        raise InvalidInput(f"an axis must not repeat a value: {values}", field=where)
+    return values
+
+
+def _normalize_seeds(v: Any) -> int | list[int]:
+    if isinstance(v, bool) or not isinstance(v, int | list | tuple):
+        raise InvalidInput("a count ≥ 1 or a list of distinct integers", field="seeds")
+    if isinstance(v, int):
+        if not 1 <= v <= SEED_LIMIT:
+            raise InvalidInput(f"a count must be between 1 and {SEED_LIMIT}", field="seeds")
+        return v
+    if not v:
+        raise InvalidInput("the list of seeds must not be empty", field="seeds")
+    for i, s in enumerate(v):
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < SEED_LIMIT:
+            raise InvalidInput(f"a seed is an integer in [0, {SEED_LIMIT})", field=f"seeds[{i}]")
+    if len(set(v)) != len(v):
+        raise InvalidInput("seeds must be distinct", field="seeds")
+    return list(v)
+
+
+def parse_spec(data: dict[str, Any] | str, *, settings: Settings | None = None) -> SweepSpec:
+    """Validate a sweep spec given as a dict, or as YAML or JSON text, and check its limits.
+
+    Raises:
+        InvalidInput: names the offending field (YAML syntax errors: field `spec`, with the line).
+        LimitExceeded: over a Settings limit; names the field, the limit and its ISOSWEEP_ variable.
+    """
+    if isinstance(data, str):
+        data = _load_text(data)
+    if not isinstance(data, dict):
+        raise InvalidInput(
+            "a sweep spec must be a mapping (name, parameters, seeds, …)", field="spec"
+        )
+    try:
+        spec = SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        raise pydantic_to_invalid(exc) from None
+    check_limits(spec, settings or get_settings())
+    return spec
+
+
+def load_spec(path: str | Path, *, settings: Settings | None = None) -> SweepSpec:
+    """parse_spec of a YAML or JSON file.
+
+    Raises:
+        InvalidInput: the file cannot be read, or the spec is invalid (see parse_spec).
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}", field="spec") from None
+    return parse_spec(text, settings=settings)
+
+
+def _load_text(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)  # YAML 1.1 is a superset of the JSON we accept
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InvalidInput(f"YAML syntax error{where}: {problem}", field="spec") from None
+
+
+# Limits on single fields: (field, Settings attribute).
+FIELD_LIMITS = (
+    ("depth", "max_depth"),
+    ("width", "max_width"),
+    ("batch_size", "max_batch_size"),
+    ("epochs", "max_epochs"),
+)
+
+
+def _env_name(setting: str) -> str:
+    return f"ISOSWEEP_{setting.upper()}"
+
+
+def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialConfig]:
+    """Reject a spec that would overload the machine: too many trials, too deep, too wide, too big.
+
+    Returns:
+        The expanded trials (see expand), which the check needs anyway.
+
+    Raises:
+        LimitExceeded: names the field, the limit and the setting that raises it.
+        InvalidInput: a combination of values is invalid for some trial (see expand).
+    """
+    n = spec.n_trials
+    if n > settings.max_trials_per_sweep:
+        shape = " × ".join(
+            [*(f"{len(v)} {k}" for k, v in spec.axes.items()), f"{_n_seeds(spec)} seeds"]
+        )
+        raise LimitExceeded(
+            f"the sweep expands to {n} trials ({shape}), over the limit of "
+            f"{settings.max_trials_per_sweep} (set by {_env_name('max_trials_per_sweep')})",
+            field="parameters",
+        )
+    defaults = TrialConfig()
+    for name, setting in FIELD_LIMITS:
+        value = spec.parameters.get(name, getattr(defaults, name))
+        top = max(value) if isinstance(value, list) else value
+        limit = getattr(settings, setting)
+        if top > limit:
+            raise LimitExceeded(
+                f"{top} is over the limit of {limit} (set by {_env_name(setting)})",
+                field=f"parameters.{name}",
+            )
+    trials = expand(spec)
+    _check_memory(trials, settings)
+    return trials
+
+
+def _check_memory(trials: list[TrialConfig], settings: Settings) -> None:
+    limit = settings.max_trial_memory_gb * 1e9
+    worst = max(trials, key=estimate_memory_bytes)
+    need = estimate_memory_bytes(worst)
+    if need > limit:
+        raise LimitExceeded(
+            f"a trial with depth={worst.depth}, width={worst.width}, "
+            f"batch_size={worst.batch_size} needs about {need / 1e9:.1f} GB, over the limit of "
+            f"{settings.max_trial_memory_gb} GB (set by {_env_name('max_trial_memory_gb')})",
+            field="parameters",
+        )
+
+
+def expand(spec: SweepSpec) -> list[TrialConfig]:
+    """The sweep's trials: the cartesian product of the axes, in the order they are written, with
+    the seeds innermost (consecutive trials are the seeds of one configuration).
+
+    Raises:
+        InvalidInput: some combination of values is not a valid TrialConfig (field `parameters`).
+    """
+    axes = spec.axes
+    names = list(axes)
+    trials = []
+    for values in itertools.product(*axes.values(), spec.seed_list):
+        point = dict(zip(names, values[:-1], strict=True))
+        try:
+            trials.append(parse_trial_config({**spec.fixed, **point, "seed": values[-1]}))
+        except InvalidInput as exc:
+            at = ", ".join(f"{k}={v!r}" for k, v in point.items())
+            raise InvalidInput(
+                f"{exc.message}" + (f" (in the trial with {at})" if at else ""),
+                field="parameters",
+            ) from None
+    return trials
+
+
+def swept_fields(spec: SweepSpec) -> list[str]:
+    """The config fields that vary across the sweep's trials: its axes, then `seed`."""
+    return [*spec.axes, "seed"]

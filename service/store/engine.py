@@ -1,0 +1,134 @@
+"""Engines, the one transaction helper, and migrations on start.
+
+SQLite: WAL (readers never block the writer, nor it them), a 30 s busy timeout, foreign keys on,
+and `BEGIN IMMEDIATE` for write transactions: a writer takes the write lock when it begins, so
+concurrent writers queue on the busy timeout instead of failing with "database is locked" when a
+read transaction tries to upgrade. Read transactions use a plain deferred `BEGIN`.
+Postgres: psycopg 3, READ COMMITTED; row locks where ordering matters (claim_sweep).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+from service.errors import IsosweepError, StorageError
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITE = "isosweep_write"  # execution option marking a write transaction
+MIGRATION_LOCK = 0x150_5EE9  # Postgres advisory lock key held while migrating
+
+
+def normalize_url(url: str) -> str:
+    """Route plain `postgresql://` (and `postgres://`) URLs to the psycopg 3 driver."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    """An Engine for a SQLite or Postgres URL, configured as the module docstring says.
+
+    Connections open lazily: an unreachable server surfaces as StorageError from the first
+    transaction (or from migrate).
+    """
+    url = normalize_url(url)
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    memory = u.database in (None, "", ":memory:")
+    if memory:  # one shared connection; for tests and throwaway use only
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    _configure_sqlite(engine, wal=not memory)
+    return engine
+
+
+def _configure_sqlite(engine: Engine, *, wal: bool) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        if wal:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")  # durable at checkpoints; safe with WAL
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        write = conn.get_execution_options().get(WRITE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+class Sessions:
+    """Sessions for read and write transactions over one engine."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._read = sessionmaker(engine, expire_on_commit=False)
+        self._write = sessionmaker(
+            engine.execution_options(**{WRITE: True}), expire_on_commit=False
+        )
+
+    @contextmanager
+    def transaction(self, *, write: bool) -> Iterator[Session]:
+        """One transaction: commit at the end, or roll back on any error.
+
+        Raises:
+            StorageError: the database failed (the SQLAlchemy error is chained).
+            IsosweepError: domain errors raised inside pass through unchanged.
+        """
+        session = (self._write if write else self._read)()
+        try:
+            yield session
+            session.commit()
+        except IsosweepError:
+            session.rollback()
+            raise
+        except SQLAlchemyError as exc:
+            session.rollback()
+            raise StorageError(f"database error: {_reason(exc)}") from exc
+        finally:
+            session.close()
+
+
+def _reason(exc: SQLAlchemyError) -> str:
+    orig = getattr(exc, "orig", None)
+    return str(orig if orig is not None else exc).strip().splitlines()[0]
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest Alembic revision, in one transaction.
+
+    Safe when several processes start at once: Postgres serializes them on an advisory lock,
+    SQLite on its write lock (BEGIN IMMEDIATE); the later ones find the schema at head.
+
+    Raises:
+        StorageError: the database is unreachable or a migration failed (rolled back).
+    """
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    try:
+        with engine.execution_options(**{WRITE: True}).connect() as conn, conn.begin():
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+    except SQLAlchemyError as exc:
+        raise StorageError(f"cannot migrate the database: {_reason(exc)}") from exc

@@ -1,0 +1,1 @@
+"""Alembic revisions, written by hand to match service/store/models.py."""

@@ -1,0 +1,198 @@
+"""The tables. A sweep has trials; a trial has metric rows (one per epoch and metric, holding the
+whole per-layer vector as little-endian float64 bytes) and artifacts (e.g. the input Gram).
+
+Why vectors in blobs: a depth-1000 trial records 5 vectors of 1000 values per epoch, hundreds of
+trials per sweep. One row per value costs ~40 bytes of row and index overhead per 8-byte value
+and makes a 1000-layer history read touch 100k rows; a blob row per (trial, metric, epoch) keeps
+the key at the granularity writes and reads use, and raw IEEE-754 bytes round-trip NaN and ±inf
+bit-exactly on SQLite and Postgres alike (bench/ingest.py measures the difference).
+
+Changing a table here needs a new Alembic revision in migrations/versions/ (a test compares the
+two).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SWEEP_STATUSES = ("queued", "running", "completed", "cancelled", "failed")
+TRIAL_STATUSES = ("queued", "running", "completed", "diverged", "failed", "cancelled")
+FINISHED_TRIAL = ("completed", "diverged", "failed", "cancelled")
+
+# Constraint names fixed by convention, so migrations can refer to them on every backend.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator):
+    """Timestamps stored as naive UTC (SQLite has no time zones) and read back as aware UTC."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None else None
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class SqlSweep(Base):
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str | None] = mapped_column(Text)
+    tags: Mapped[list] = mapped_column(JSON)
+    spec: Mapped[dict] = mapped_column(JSON)  # the validated SweepSpec, whole
+    status: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int] = mapped_column(Integer)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    runner_id: Mapped[str | None] = mapped_column(String(200))
+    lease_s: Mapped[float | None] = mapped_column(Float)  # heartbeats extend the lease by this
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    # claim_sweep's scan: queued/running sweeps by priority, then age
+    __table_args__ = (Index(None, "status", "priority", "created_at"),)
+
+
+class SqlTrial(Base):
+    __tablename__ = "trials"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)  # position in the sweep's expansion
+    config: Mapped[dict] = mapped_column(JSON)  # the resolved TrialConfig, whole
+    config_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    epochs_done: Mapped[int] = mapped_column(Integer, default=0)  # records of the current run
+    epochs_total: Mapped[int] = mapped_column(Integer)  # len(config.recorded_epochs)
+    last_epoch: Mapped[int | None] = mapped_column(Integer)  # highest epoch stored
+    diverged_epoch: Mapped[int | None] = mapped_column(Integer)
+    # The earlier trial whose stored results this one reuses (same config hash), or None.
+    results_from: Mapped[int | None] = mapped_column(ForeignKey("trials.id"))
+    summary: Mapped[dict | None] = mapped_column(JSON)  # last epoch's scalars, jsonfmt spelling
+
+    # One column per TrialConfig field, so `where` filters run in SQL. A test checks that this
+    # list matches service.config.CONFIG_FIELDS.
+    depth: Mapped[int] = mapped_column(Integer)
+    width: Mapped[int] = mapped_column(Integer)
+    activation: Mapped[str] = mapped_column(String(32))
+    activation_gain: Mapped[float] = mapped_column(Float)
+    gain_exponent: Mapped[float] = mapped_column(Float)
+    norm: Mapped[str] = mapped_column(String(32))
+    order: Mapped[str] = mapped_column(String(32))
+    init: Mapped[str] = mapped_column(String(32))
+    init_gain: Mapped[float] = mapped_column(Float)
+    bias: Mapped[bool] = mapped_column(Boolean)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    epochs: Mapped[int] = mapped_column(Integer)
+    optimizer: Mapped[str] = mapped_column(String(32))
+    lr: Mapped[float] = mapped_column(Float)
+    momentum: Mapped[float] = mapped_column(Float)
+    weight_decay: Mapped[float] = mapped_column(Float)
+    dataset: Mapped[str] = mapped_column(String(32))
+    max_train_samples: Mapped[int | None] = mapped_column(Integer)
+    eval_norm: Mapped[str] = mapped_column(String(32))
+    record_every: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "index"),
+        Index(None, "sweep_id", "status"),
+        Index(None, "config_hash", "status"),  # reuse lookups
+    )
+
+
+class SqlMetric(Base):
+    """One epoch of one metric of one trial: n float64 values (n = 1 for scalars)."""
+
+    __tablename__ = "metrics"
+
+    # The key is the idempotency key and the index of every read (trial → metric → epochs).
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)  # values in `data`; lets reads count before decoding
+    data: Mapped[bytes] = mapped_column(LargeBinary)  # little-endian float64, layer ℓ at ℓ−1
+
+
+class SqlArtifact(Base):
+    """A per-trial array that is not a per-epoch metric, e.g. the input Gram (n × n, float64)."""
+
+    __tablename__ = "artifacts"
+
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    shape: Mapped[list] = mapped_column(JSON)
+    data: Mapped[bytes] = mapped_column(LargeBinary)  # little-endian float64, C order
+
+
+CONFIG_COLUMNS: tuple[str, ...] = (
+    "depth",
+    "width",
+    "activation",
+    "activation_gain",
+    "gain_exponent",
+    "norm",
+    "order",
+    "init",
+    "init_gain",
+    "bias",
+    "batch_size",
+    "epochs",
+    "optimizer",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "dataset",
+    "max_train_samples",
+    "eval_norm",
+    "record_every",
+    "seed",
+)

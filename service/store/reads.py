@@ -1,0 +1,178 @@
+"""Bounded reads of stored metrics: the tidy frame, one trial's history, the input Gram.
+
+Every read counts the values it would return (the `n` column) before fetching a blob, and
+refuses with LimitExceeded over the bound, so no request can pull the whole database into memory.
+Reused trials (results_from) read the original trial's rows under their own id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session, aliased
+
+from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
+from service.errors import InvalidInput, LimitExceeded
+from service.spec import SweepSpec, swept_fields
+from service.store import codec
+from service.store.models import SqlArtifact, SqlMetric, SqlTrial
+from service.store.sweeps import get_sweep_row
+from service.store.trials import get_trial_row, where_conditions
+from service.tidy import aggregate_over_seeds
+
+EpochFilter = int | list[int] | str | None
+
+
+def check_metrics(metrics: str | list[str] | None) -> list[str]:
+    """The metric names asked for (all when None).
+
+    Raises:
+        InvalidInput: an unknown name, listing service.config.METRICS.
+    """
+    if metrics is None:
+        return list(METRICS)
+    names = [metrics] if isinstance(metrics, str) else list(metrics)
+    for m in names:
+        if m not in METRICS:
+            raise InvalidInput(f"unknown metric {m!r}", field="metrics", allowed=METRICS)
+    return names
+
+
+def _check_ints(values: Any, field: str, low: int) -> list[int]:
+    items = values if isinstance(values, list | tuple) else [values]
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < low:
+            raise InvalidInput(f"integers ≥ {low}, got {v!r}", field=field)
+    return [int(v) for v in items]
+
+
+def _check_epoch(epoch: EpochFilter) -> list[int] | str | None:
+    if epoch is None or epoch == "last":
+        return epoch
+    if isinstance(epoch, str):
+        raise InvalidInput(
+            f"an epoch number, a list of them, or 'last', got {epoch!r}", field="epoch"
+        )
+    return _check_ints(epoch, "epoch", 0)
+
+
+def read_metrics(
+    s: Session,
+    sweep_id: int,
+    *,
+    metrics: str | list[str] | None,
+    epoch: EpochFilter,
+    layers: int | list[int] | None,
+    where: dict[str, Any] | None,
+    aggregate: bool,
+    max_points: int,
+) -> pd.DataFrame:
+    sweep = get_sweep_row(s, sweep_id)
+    fields = swept_fields(SweepSpec.model_validate(sweep.spec))
+    names = check_metrics(metrics)
+    epochs = _check_epoch(epoch)
+    layer_list = None if layers is None else _check_ints(layers, "layers", 1)
+    conds = where_conditions(where)
+    source = func.coalesce(SqlTrial.results_from, SqlTrial.id)
+    trials = s.execute(
+        select(SqlTrial.id, source, *(getattr(SqlTrial, f) for f in fields))
+        .where(SqlTrial.sweep_id == sweep_id, *conds)
+        .order_by(SqlTrial.id)
+    ).all()
+    sources = select(source).where(SqlTrial.sweep_id == sweep_id, *conds)
+    q = _metric_query(sources, names, epochs)
+    _check_points(s, q, layer_list, max_points)
+    rows = s.execute(
+        q.add_columns(
+            SqlMetric.trial_id, SqlMetric.metric, SqlMetric.epoch, SqlMetric.data
+        ).order_by(SqlMetric.trial_id, SqlMetric.metric, SqlMetric.epoch)
+    ).all()
+    frame = _tidy(rows, trials, fields, layer_list)
+    return aggregate_over_seeds(frame) if aggregate else frame
+
+
+def _metric_query(sources: Select, names: list[str], epochs: list[int] | str | None) -> Select:
+    q = select().select_from(SqlMetric).where(SqlMetric.trial_id.in_(sources))
+    q = q.where(SqlMetric.metric.in_(names))
+    if epochs == "last":  # each (source) trial's highest stored epoch
+        owner = aliased(SqlTrial)
+        q = q.join(owner, owner.id == SqlMetric.trial_id).where(SqlMetric.epoch == owner.last_epoch)
+    elif epochs is not None:
+        q = q.where(SqlMetric.epoch.in_(epochs))
+    return q
+
+
+def _check_points(s: Session, q: Select, layers: list[int] | None, max_points: int) -> None:
+    """Count the values the query returns (upper bound with a layer filter), before decoding."""
+    by_metric = s.execute(
+        q.add_columns(SqlMetric.metric, func.count(), func.sum(SqlMetric.n)).group_by(
+            SqlMetric.metric
+        )
+    ).all()
+    points = 0
+    for metric, rows, values in by_metric:
+        per_layer = layers is not None and metric in LAYER_METRICS
+        points += rows * len(layers) if per_layer else int(values or 0)
+    if points > max_points:
+        raise LimitExceeded(
+            f"the query would return {points} values, over the limit of {max_points} "
+            "(set by ISOSWEEP_MAX_POINTS); narrow it with metrics, epoch ('last' or numbers), "
+            "layers or config filters (where)",
+            field="max_points",
+        )
+
+
+def _tidy(
+    rows: list[Any], trials: list[Any], fields: list[str], layers: list[int] | None
+) -> pd.DataFrame:
+    """One row per (trial, epoch, metric, layer); columns as docs/architecture.md says."""
+    n = np.array([len(r.data) // 8 for r in rows], dtype=np.int64)  # (R,)
+    values = codec.decode_many([r.data for r in rows])  # (V,)
+    starts = np.cumsum(n) - n
+    layer = np.arange(len(values)) - np.repeat(starts, n) + 1  # ℓ = 1..n within each row
+    scalar_row = np.array([r.metric in SCALAR_METRICS for r in rows], dtype=bool)
+    scalar = np.repeat(scalar_row, n)
+    keep = scalar | np.isin(layer, layers) if layers is not None else np.ones(len(values), bool)
+    src_of = {t[1]: i for i, t in enumerate(trials)}  # source trial id → row of `trials`
+    which = np.repeat(np.array([src_of[r.trial_id] for r in rows], dtype=np.int64), n)[keep]
+    tid = np.array([t[0] for t in trials], dtype=np.int64)
+    cols: dict[str, Any] = {"trial_id": tid[which]}
+    for j, f in enumerate(fields):  # each config column in its natural dtype, even when empty
+        per_trial = pd.Series([t[2 + j] for t in trials], dtype=object).infer_objects()
+        cols[f] = per_trial.iloc[which].reset_index(drop=True)
+    cols["epoch"] = np.repeat(np.array([r.epoch for r in rows], dtype=np.int64), n)[keep]
+    metric = np.repeat(np.array([r.metric for r in rows], dtype=object), n)[keep]
+    cols["metric"] = pd.array(metric, dtype="str")
+    cols["layer"] = pd.array(np.where(scalar, 0, layer)[keep], dtype="Int64")
+    cols["layer"][scalar[keep]] = pd.NA
+    cols["value"] = values[keep]
+    frame = pd.DataFrame(cols)
+    order = np.argsort(frame["trial_id"].to_numpy(), kind="stable")  # DB order within a trial
+    return frame.iloc[order].reset_index(drop=True)
+
+
+def trial_history(
+    s: Session, trial_id: int, metric: str, max_points: int
+) -> tuple[np.ndarray, np.ndarray]:
+    t = get_trial_row(s, trial_id)
+    check_metrics(metric)
+    src = t.results_from or t.id
+    q = select().select_from(SqlMetric).where(SqlMetric.trial_id == src, SqlMetric.metric == metric)
+    _check_points(s, q, None, max_points)
+    rows = s.execute(q.add_columns(SqlMetric.epoch, SqlMetric.data).order_by(SqlMetric.epoch)).all()
+    epochs = np.array([r.epoch for r in rows], dtype=np.int64)  # (E,)
+    values = codec.decode_many([r.data for r in rows])
+    if metric in LAYER_METRICS:
+        return epochs, values.reshape(len(rows), t.depth)  # (E, L)
+    return epochs, values  # (E,)
+
+
+def input_gram(s: Session, trial_id: int) -> np.ndarray | None:
+    t = get_trial_row(s, trial_id)
+    art = s.get(SqlArtifact, (t.results_from or t.id, "input_gram"))
+    if art is None:
+        return None
+    return codec.decode(art.data).reshape(art.shape)  # (n, n)

@@ -1,0 +1,51 @@
+"""What the store returns: plain pydantic models the API turns into its public schemas."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+
+class SweepInfo(BaseModel):
+    """A sweep with its trials' counts by status, progress and ETA."""
+
+    id: int
+    name: str
+    description: str | None
+    tags: list[str]
+    status: str  # queued | running | completed | cancelled | failed
+    priority: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    counts: dict[str, int]  # every trial status → number of trials (all six present)
+    n_trials: int
+    progress: float  # 0..1: recorded epochs over expected epochs; finished trials count in full
+    eta_s: float | None  # seconds left, from elapsed running time and progress; None = unknown
+    cancel_requested: bool
+    runner_id: str | None
+    error: str | None
+    spec: dict[str, Any]  # the validated SweepSpec
+
+
+class TrialInfo(BaseModel):
+    """One trial: its config, state, progress and the last recorded epoch's scalar metrics."""
+
+    id: int
+    sweep_id: int
+    index: int  # position in the sweep's expansion
+    config: dict[str, Any]  # the resolved TrialConfig
+    config_hash: str
+    status: str  # queued | running | completed | diverged | failed | cancelled
+    attempts: int
+    error: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    epochs_done: int  # records written by the current (or reused) run
+    epochs_total: int  # records a full run writes: len(config.recorded_epochs)
+    last_epoch: int | None  # highest epoch stored
+    diverged_epoch: int | None
+    results_from: int | None  # the trial whose stored results this one reuses
+    summary: dict[str, float]  # scalar metrics of the last recorded epoch (NaN/±inf as floats)

@@ -1,0 +1,342 @@
+"""The Store: the only way anything reads or writes the database. Every public method is one
+transaction (commit, or roll back and raise StorageError; domain errors pass through)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy.orm import Session
+
+from service.errors import InvalidInput
+from service.settings import Settings, get_settings
+from service.spec import SweepSpec
+from service.store import reads, results, sweeps, trials
+from service.store.engine import Sessions, make_engine
+from service.store.engine import migrate as run_migrations
+from service.store.schemas import SweepInfo, TrialInfo
+
+
+class Store:
+    """Sweeps, trials and their metrics in SQLite (default) or Postgres.
+
+    Args:
+        url: a SQLAlchemy URL (`sqlite:///path.db`, `postgresql+psycopg://…`; plain
+            `postgresql://` is routed to psycopg 3). Defaults to settings.database_url.
+        migrate: apply Alembic migrations up to head first (safe with concurrent starts).
+        settings: limits on reads and specs; defaults to get_settings().
+
+    Raises:
+        StorageError: the database is unreachable or cannot be migrated.
+    """
+
+    def __init__(
+        self, url: str | None = None, *, migrate: bool = True, settings: Settings | None = None
+    ):
+        self.settings = settings or get_settings()
+        self.url = url or self.settings.database_url
+        self.engine = make_engine(self.url)
+        self._sessions = Sessions(self.engine)
+        if migrate:
+            try:
+                run_migrations(self.engine)
+            except Exception:
+                self.engine.dispose()
+                raise
+
+    @property
+    def dialect(self) -> str:
+        """ "sqlite" or "postgresql"."""
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        """Close every pooled connection. The Store is unusable afterwards."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _read(self) -> AbstractContextManager[Session]:
+        return self._sessions.transaction(write=False)
+
+    def _write(self) -> AbstractContextManager[Session]:
+        return self._sessions.transaction(write=True)
+
+    # --- sweeps -------------------------------------------------------------------------------
+
+    def create_sweep(self, spec: SweepSpec) -> SweepInfo:
+        """Write a sweep and all its trials as `queued`, in one transaction.
+
+        A trial whose config hash (config + measurement version) already finished `completed`
+        or `diverged` is created finished, with that status and `results_from` pointing at the
+        original, unless `spec.rerun`. A sweep whose trials are all reused is `completed` at once.
+
+        Args:
+            spec: a validated SweepSpec (service.spec.parse_spec); limits are checked again
+                against this store's settings.
+
+        Raises:
+            LimitExceeded: the spec is over a limit of this store's settings.
+            InvalidInput: some combination of parameters is not a valid trial.
+            StorageError: the database failed; nothing was written.
+        """
+        with self._write() as s:
+            return sweeps.create_sweep(s, spec, self.settings)
+
+    def get_sweep(self, sweep_id: int) -> SweepInfo:
+        """One sweep with its trial counts by status, progress and ETA.
+
+        Raises:
+            NotFound: no sweep has this id.
+        """
+        with self._read() as s:
+            return sweeps.sweep_infos(s, [sweeps.get_sweep_row(s, sweep_id)])[0]
+
+    def list_sweeps(
+        self, *, status: str | None = None, offset: int = 0, limit: int = 50
+    ) -> tuple[list[SweepInfo], int]:
+        """A page of sweeps, newest first, and the total number matching.
+
+        Args:
+            status: only sweeps with this status.
+            offset, limit: the page; limit ≤ settings.max_page_size.
+
+        Raises:
+            InvalidInput: unknown status, negative offset, limit < 1.
+            LimitExceeded: limit over settings.max_page_size.
+        """
+        with self._read() as s:
+            return sweeps.list_sweeps(s, status, offset, limit, self.settings)
+
+    def request_cancel(self, sweep_id: int) -> SweepInfo:
+        """Ask a sweep to stop. Queued trials become `cancelled` at once, and so does a queued
+        sweep; a running sweep keeps running until its runner notices the flag and calls
+        finish_sweep. Cancelling a finished sweep is a no-op that returns it. Stored results
+        always stay.
+
+        Raises:
+            NotFound: no sweep has this id.
+        """
+        with self._write() as s:
+            return sweeps.request_cancel(s, sweep_id)
+
+    def claim_sweep(self, runner_id: str, lease_s: float) -> SweepInfo | None:
+        """Atomically take the next sweep to run: the highest priority, then the oldest, that is
+        queued or running with an expired lease (its runner died). The sweep becomes `running`
+        under `runner_id` for `lease_s` seconds (heartbeat extends it); trials left `running` by
+        a dead runner go back to `queued`. Two runners never get the same sweep.
+
+        Returns:
+            The claimed sweep, or None when there is nothing to run.
+
+        Raises:
+            InvalidInput: empty runner_id or lease_s ≤ 0.
+        """
+        with self._write() as s:
+            return sweeps.claim_sweep(s, runner_id, lease_s)
+
+    def heartbeat(self, sweep_id: int, runner_id: str) -> bool:
+        """Extend the runner's lease on a running sweep by the lease_s it claimed with.
+
+        Returns:
+            False when the sweep is no longer running under this runner (another took it over,
+            or it finished): the caller must stop driving it.
+
+        Raises:
+            NotFound: no sweep has this id.
+        """
+        with self._write() as s:
+            return sweeps.heartbeat(s, sweep_id, runner_id)
+
+    def is_cancel_requested(self, sweep_id: int) -> bool:
+        """Whether cancel was requested (one indexed read; the Tune stopper polls it).
+
+        Raises:
+            NotFound: no sweep has this id.
+        """
+        with self._read() as s:
+            return sweeps.is_cancel_requested(s, sweep_id)
+
+    def finish_sweep(self, sweep_id: int) -> SweepInfo:
+        """Set a sweep's final status from its trials; the runner calls it when done.
+
+        The rule: `cancelled` when cancel was requested (trials still queued or running become
+        `cancelled`); otherwise `failed` when any trial failed; otherwise `completed` (every
+        trial completed or diverged). Finishing a finished sweep returns it unchanged.
+
+        Raises:
+            NotFound: no sweep has this id.
+            Conflict: trials are still queued or running and no cancel was requested.
+        """
+        with self._write() as s:
+            return sweeps.finish_sweep(s, sweep_id)
+
+    # --- trials -------------------------------------------------------------------------------
+
+    def list_trials(
+        self,
+        sweep_id: int,
+        *,
+        status: str | None = None,
+        where: dict[str, Any] | None = None,
+        offset: int = 0,
+        limit: int = 100,
+    ) -> tuple[list[TrialInfo], int]:
+        """A page of a sweep's trials in expansion order, and the total number matching.
+
+        Args:
+            status: only trials with this status.
+            where: config field → value, or a list of values (any of them), e.g.
+                {"depth": [10, 100], "norm": "batch"}; values are validated like TrialConfig's.
+            offset, limit: the page; limit ≤ settings.max_page_size.
+
+        Raises:
+            NotFound: no sweep has this id.
+            InvalidInput: an unknown config field (naming it, listing the fields) or status, or
+                a bad value or page.
+            LimitExceeded: limit over settings.max_page_size.
+        """
+        with self._read() as s:
+            return trials.list_trials(s, sweep_id, status, where, offset, limit, self.settings)
+
+    def get_trial(self, trial_id: int) -> TrialInfo:
+        """One trial: config, status, attempts, error, times, progress, summary.
+
+        Raises:
+            NotFound: no trial has this id.
+        """
+        with self._read() as s:
+            return trials.trial_info(trials.get_trial_row(s, trial_id))
+
+    def runnable_trials(self, sweep_id: int) -> list[TrialInfo]:
+        """The sweep's trials still to run (queued or running, not reused), in expansion order.
+
+        Raises:
+            NotFound: no sweep has this id.
+        """
+        with self._read() as s:
+            return trials.runnable_trials(s, sweep_id)
+
+    def start_trial(self, trial_id: int) -> TrialInfo:
+        """Mark an attempt of a trial as started: `running`, attempts + 1, started_at now, its
+        progress (epochs_done) and diverged_epoch reset. A retry calls it again.
+
+        Raises:
+            NotFound: no trial has this id.
+            Conflict: the trial reuses stored results, or is completed, diverged or cancelled.
+        """
+        with self._write() as s:
+            return trials.start_trial(s, trial_id)
+
+    def finish_trial(self, trial_id: int, status: str, error: str | None = None) -> TrialInfo:
+        """Mark a trial finished.
+
+        Args:
+            status: `completed`, `diverged`, `failed` or `cancelled`.
+            error: what went wrong (for `failed`).
+
+        Raises:
+            NotFound: no trial has this id.
+            InvalidInput: status is not a finished status.
+            Conflict: the trial reuses stored results.
+        """
+        with self._write() as s:
+            return trials.finish_trial(s, trial_id, status, error)
+
+    # --- results ------------------------------------------------------------------------------
+
+    def write_records(self, batch: list[tuple[int, dict[str, Any]]]) -> None:
+        """Store epoch records (docs/architecture.md) of many trials in one transaction.
+
+        Idempotent: each (trial, metric, epoch) is upserted, and an epoch written again is
+        replaced whole. Updates each trial's epochs_done, last_epoch, diverged_epoch and summary.
+        NaN and ±inf are stored bit-exactly.
+
+        Args:
+            batch: (trial_id, record) pairs; a record holds "epoch", optional "diverged" and
+                "input_gram" (n × n), and any of service.config.METRICS.
+
+        Raises:
+            NotFound: a trial id does not exist.
+            Conflict: a trial reuses another's results (it has none of its own).
+            InvalidInput: an unknown metric, a per-layer vector whose length is not the trial's
+                depth, a non-numeric value, or an epoch outside 0..epochs. Nothing is written.
+        """
+        with self._write() as s:
+            results.write_records(s, batch)
+
+    def read_metrics(
+        self,
+        sweep_id: int,
+        *,
+        metrics: str | list[str] | None = None,
+        epoch: int | list[int] | str | None = None,
+        layers: int | list[int] | None = None,
+        where: dict[str, Any] | None = None,
+        aggregate: bool = False,
+        max_points: int | None = None,
+    ) -> pd.DataFrame:
+        """The tidy frame (docs/architecture.md): trial_id, the sweep's swept fields, epoch,
+        metric, layer (Int64, <NA> for scalars), value; sorted by trial, metric, epoch, layer.
+
+        Args:
+            metrics: names from service.config.METRICS (all when None).
+            epoch: a number, a list of them, or "last" (each trial's highest stored epoch).
+            layers: layer indices ℓ ≥ 1 kept for per-layer metrics (scalars are unaffected).
+            where: config filters, as in list_trials.
+            aggregate: pool seeds with service.tidy.aggregate_over_seeds.
+            max_points: the most values the query may return (default settings.max_points).
+
+        Raises:
+            NotFound: no sweep has this id.
+            InvalidInput: an unknown metric (listing METRICS) or config field, a bad epoch/layer.
+            LimitExceeded: the query would return more than max_points values; counted before
+                anything is decoded.
+        """
+        bound = self._bound(max_points)
+        with self._read() as s:
+            return reads.read_metrics(
+                s,
+                sweep_id,
+                metrics=metrics,
+                epoch=epoch,
+                layers=layers,
+                where=where,
+                aggregate=aggregate,
+                max_points=bound,
+            )
+
+    def trial_history(self, trial_id: int, metric: str) -> tuple[np.ndarray, np.ndarray]:
+        """One metric of one trial over its stored epochs.
+
+        Returns:
+            epochs (E,) and values: (E, L) for a per-layer metric, (E,) for a scalar.
+
+        Raises:
+            NotFound: no trial has this id.
+            InvalidInput: an unknown metric (listing METRICS).
+            LimitExceeded: more than settings.max_points values.
+        """
+        with self._read() as s:
+            return reads.trial_history(s, trial_id, metric, self.settings.max_points)
+
+    def input_gram(self, trial_id: int) -> np.ndarray | None:
+        """The trial's input Gram (n × n, recorded with epoch 0), or None if not stored.
+
+        Raises:
+            NotFound: no trial has this id.
+        """
+        with self._read() as s:
+            return reads.input_gram(s, trial_id)
+
+    def _bound(self, max_points: int | None) -> int:
+        if max_points is None:
+            return self.settings.max_points
+        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 1:
+            raise InvalidInput("a positive integer", field="max_points")
+        return max_points

@@ -1,0 +1,325 @@
+"""Sweep operations inside one transaction (a Session); the Store wraps each in its own."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, insert, literal, or_, select, update
+from sqlalchemy.orm import Session
+
+from service.config import TrialConfig, config_hash
+from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound
+from service.settings import Settings
+from service.spec import SweepSpec, check_limits
+from service.store.models import (
+    CONFIG_COLUMNS,
+    FINISHED_TRIAL,
+    SWEEP_STATUSES,
+    TRIAL_STATUSES,
+    SqlSweep,
+    SqlTrial,
+    UTCDateTime,
+    utcnow,
+)
+from service.store.schemas import SweepInfo
+
+CHUNK = 500  # rows per bulk insert and ids per IN (...) list
+FINISHED_SWEEP = ("completed", "cancelled", "failed")
+REUSABLE = ("completed", "diverged")  # a divergence is a result too
+
+
+def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
+    configs = check_limits(spec, settings)
+    hashes = [config_hash(c) for c in configs]
+    reuse = {} if spec.rerun else _reusable(s, hashes)
+    now = utcnow()
+    all_reused = len(reuse) == len(configs) and bool(configs)
+    sweep = SqlSweep(
+        name=spec.name,
+        description=spec.description,
+        tags=list(spec.tags),
+        spec=spec.model_dump(mode="json"),
+        status="completed" if all_reused else "queued",
+        priority=spec.priority,
+        cancel_requested=False,
+        created_at=now,
+        finished_at=now if all_reused else None,
+    )
+    s.add(sweep)
+    s.flush()  # assigns sweep.id
+    rows = [
+        _trial_row(sweep.id, i, c, h, reuse.get(h), now)
+        for i, (c, h) in enumerate(zip(configs, hashes, strict=True))
+    ]
+    for k in range(0, len(rows), CHUNK):
+        s.execute(insert(SqlTrial), rows[k : k + CHUNK])
+    return sweep_infos(s, [sweep])[0]
+
+
+def _reusable(s: Session, hashes: list[str]) -> dict[str, SqlTrial]:
+    """config hash → the newest finished trial holding results for it."""
+    found: dict[str, SqlTrial] = {}
+    for k in range(0, len(hashes), CHUNK):
+        q = (
+            select(SqlTrial)
+            .where(SqlTrial.config_hash.in_(hashes[k : k + CHUNK]))
+            .where(SqlTrial.status.in_(REUSABLE))
+            .order_by(SqlTrial.id)
+        )
+        for t in s.scalars(q):
+            found[t.config_hash] = t  # ascending ids: the newest wins
+    return found
+
+
+def _trial_row(
+    sweep_id: int, index: int, c: TrialConfig, h: str, src: SqlTrial | None, now: Any
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "sweep_id": sweep_id,
+        "index": index,
+        "config": c.to_dict(),
+        "config_hash": h,
+        "status": "queued",
+        "attempts": 0,
+        "epochs_done": 0,
+        "epochs_total": len(c.recorded_epochs),
+        **{f: getattr(c, f) for f in CONFIG_COLUMNS},
+    }
+    if src is not None:  # created finished, reading the original's results
+        row.update(
+            status=src.status,
+            results_from=src.results_from or src.id,
+            finished_at=now,
+            epochs_done=src.epochs_done,
+            last_epoch=src.last_epoch,
+            diverged_epoch=src.diverged_epoch,
+            summary=src.summary,
+        )
+    return row
+
+
+def get_sweep_row(s: Session, sweep_id: int, *, lock: bool = False) -> SqlSweep:
+    q = select(SqlSweep).where(SqlSweep.id == sweep_id)
+    if lock:
+        q = q.with_for_update()  # Postgres row lock; SQLite is already serialized
+    sweep = s.scalars(q).one_or_none()
+    if sweep is None:
+        raise NotFound(f"no sweep with id {sweep_id}")
+    return sweep
+
+
+def sweep_infos(s: Session, sweeps: Sequence[SqlSweep]) -> list[SweepInfo]:
+    """SweepInfo of each sweep, with one grouped query over their trials."""
+    stats = _trial_stats(s, [w.id for w in sweeps])
+    return [_info(w, stats.get(w.id, [])) for w in sweeps]
+
+
+def _trial_stats(s: Session, ids: list[int]) -> dict[int, list[tuple]]:
+    if not ids:
+        return {}
+    reused = SqlTrial.results_from.is_not(None)
+    q = (
+        select(
+            SqlTrial.sweep_id,
+            SqlTrial.status,
+            reused,
+            func.count(),
+            func.sum(SqlTrial.epochs_done),
+            func.sum(SqlTrial.epochs_total),
+        )
+        .where(SqlTrial.sweep_id.in_(ids))
+        .group_by(SqlTrial.sweep_id, SqlTrial.status, reused)
+    )
+    out: dict[int, list[tuple]] = defaultdict(list)
+    for sweep_id, *rest in s.execute(q):
+        out[sweep_id].append(tuple(rest))
+    return out
+
+
+def _info(w: SqlSweep, stats: list[tuple]) -> SweepInfo:
+    counts = dict.fromkeys(TRIAL_STATUSES, 0)
+    done = total = own_done = own_total = 0
+    for status, reused, n, ep_done, ep_total in stats:
+        counts[status] += n
+        d = ep_total if status in FINISHED_TRIAL else min(ep_done or 0, ep_total)
+        done, total = done + d, total + ep_total
+        if not reused:
+            own_done, own_total = own_done + d, own_total + ep_total
+    progress = done / total if total else (1.0 if w.status in FINISHED_SWEEP else 0.0)
+    return SweepInfo(
+        id=w.id,
+        name=w.name,
+        description=w.description,
+        tags=list(w.tags or []),
+        status=w.status,
+        priority=w.priority,
+        created_at=w.created_at,
+        started_at=w.started_at,
+        finished_at=w.finished_at,
+        counts=counts,
+        n_trials=sum(counts.values()),
+        progress=progress,
+        eta_s=_eta(w, own_done / own_total if own_total else None),
+        cancel_requested=w.cancel_requested,
+        runner_id=w.runner_id,
+        error=w.error,
+        spec=w.spec,
+    )
+
+
+def _eta(w: SqlSweep, p: float | None) -> float | None:
+    """Remaining seconds if the sweep's own (not reused) work goes on at the pace so far."""
+    if w.status != "running" or w.started_at is None or not p:
+        return None
+    elapsed = (utcnow() - w.started_at).total_seconds()
+    return max(elapsed, 0.0) * (1 - p) / p
+
+
+def list_sweeps(
+    s: Session, status: str | None, offset: int, limit: int, settings: Settings
+) -> tuple[list[SweepInfo], int]:
+    check_page(offset, limit, settings)
+    q = select(SqlSweep)
+    if status is not None:
+        check_status(status, SWEEP_STATUSES)
+        q = q.where(SqlSweep.status == status)
+    total = s.scalar(select(func.count()).select_from(q.subquery()))
+    page = s.scalars(q.order_by(SqlSweep.id.desc()).offset(offset).limit(limit)).all()
+    return sweep_infos(s, page), int(total or 0)
+
+
+def check_page(offset: int, limit: int, settings: Settings) -> None:
+    if offset < 0:
+        raise InvalidInput("must be ≥ 0", field="offset")
+    if limit < 1:
+        raise InvalidInput("must be ≥ 1", field="limit")
+    if limit > settings.max_page_size:
+        raise LimitExceeded(
+            f"{limit} is over the page size limit of {settings.max_page_size} "
+            "(set by ISOSWEEP_MAX_PAGE_SIZE); page with offset",
+            field="limit",
+        )
+
+
+def check_status(status: str, allowed: tuple[str, ...], field: str = "status") -> None:
+    if status not in allowed:
+        raise InvalidInput(f"unknown status {status!r}", field=field, allowed=allowed)
+
+
+def request_cancel(s: Session, sweep_id: int) -> SweepInfo:
+    w = get_sweep_row(s, sweep_id, lock=True)
+    if w.status in FINISHED_SWEEP:
+        return sweep_infos(s, [w])[0]
+    now = utcnow()
+    w.cancel_requested = True
+    s.execute(
+        update(SqlTrial)
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == "queued")
+        .values(status="cancelled", finished_at=now)
+    )
+    if w.status == "queued":
+        w.status, w.finished_at = "cancelled", now
+    s.flush()
+    return sweep_infos(s, [w])[0]
+
+
+def _claimable(now: Any) -> Any:
+    expired = and_(SqlSweep.status == "running", SqlSweep.lease_expires_at < now)
+    return or_(SqlSweep.status == "queued", expired)
+
+
+def claim_sweep(s: Session, runner_id: str, lease_s: float) -> SweepInfo | None:
+    if not runner_id:
+        raise InvalidInput("must not be empty", field="runner_id")
+    if not lease_s > 0:
+        raise InvalidInput("must be > 0 seconds", field="lease_s")
+    for _ in range(8):  # another runner may win the candidate between SELECT and UPDATE
+        now = utcnow()
+        q = (
+            select(SqlSweep.id)
+            .where(_claimable(now))
+            .order_by(SqlSweep.priority.desc(), SqlSweep.created_at, SqlSweep.id)
+            .limit(1)
+        )
+        if s.get_bind().dialect.name == "postgresql":
+            q = q.with_for_update(skip_locked=True)
+        sweep_id = s.scalar(q)
+        if sweep_id is None:
+            return None
+        taken = s.execute(
+            update(SqlSweep)
+            .where(SqlSweep.id == sweep_id, _claimable(now))
+            .values(
+                status="running",
+                runner_id=runner_id,
+                lease_s=lease_s,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                heartbeat_at=now,
+                started_at=func.coalesce(SqlSweep.started_at, literal(now, UTCDateTime())),
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if taken.rowcount == 1:
+            # Trials the dead runner left running start over; their epochs get overwritten.
+            s.execute(
+                update(SqlTrial)
+                .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == "running")
+                .values(status="queued")
+            )
+            return sweep_infos(s, [get_sweep_row(s, sweep_id)])[0]
+    return None
+
+
+def heartbeat(s: Session, sweep_id: int, runner_id: str) -> bool:
+    w = get_sweep_row(s, sweep_id, lock=True)
+    if w.status != "running" or w.runner_id != runner_id:
+        return False
+    now = utcnow()
+    w.heartbeat_at = now
+    w.lease_expires_at = now + timedelta(seconds=w.lease_s or 0.0)  # lease_s set by the claim
+    return True
+
+
+def is_cancel_requested(s: Session, sweep_id: int) -> bool:
+    flag = s.scalar(select(SqlSweep.cancel_requested).where(SqlSweep.id == sweep_id))
+    if flag is None:
+        raise NotFound(f"no sweep with id {sweep_id}")
+    return bool(flag)
+
+
+def finish_sweep(s: Session, sweep_id: int) -> SweepInfo:
+    w = get_sweep_row(s, sweep_id, lock=True)
+    if w.status in FINISHED_SWEEP:
+        return sweep_infos(s, [w])[0]
+    counts = dict(
+        s.execute(
+            select(SqlTrial.status, func.count())
+            .where(SqlTrial.sweep_id == sweep_id)
+            .group_by(SqlTrial.status)
+        ).all()
+    )
+    left = counts.get("queued", 0) + counts.get("running", 0)
+    now = utcnow()
+    if w.cancel_requested:
+        s.execute(
+            update(SqlTrial)
+            .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status.in_(("queued", "running")))
+            .values(status="cancelled", finished_at=now)
+        )
+        w.status = "cancelled"
+    elif left:
+        raise Conflict(
+            f"sweep {sweep_id} still has {left} trials queued or running; finish them first "
+            "(or request cancel)"
+        )
+    elif counts.get("failed", 0):
+        w.status = "failed"
+        w.error = f"{counts['failed']} of {sum(counts.values())} trials failed"
+    else:
+        w.status = "completed"
+    w.finished_at, w.lease_expires_at = now, None
+    s.flush()
+    return sweep_infos(s, [w])[0]

@@ -1,0 +1,128 @@
+"""Trial operations inside one transaction (a Session); the Store wraps each in its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import false, func, or_, select
+from sqlalchemy.orm import Session
+
+from service import jsonfmt
+from service.config import CONFIG_FIELDS
+from service.errors import Conflict, InvalidInput, NotFound
+from service.settings import Settings
+from service.spec import validate_field
+from service.store.models import FINISHED_TRIAL, TRIAL_STATUSES, SqlTrial, utcnow
+from service.store.schemas import TrialInfo
+from service.store.sweeps import check_page, check_status, get_sweep_row
+
+
+def trial_info(t: SqlTrial) -> TrialInfo:
+    summary = {k: jsonfmt.decode_float(v) for k, v in (t.summary or {}).items()}
+    return TrialInfo(
+        id=t.id,
+        sweep_id=t.sweep_id,
+        index=t.index,
+        config=t.config,
+        config_hash=t.config_hash,
+        status=t.status,
+        attempts=t.attempts,
+        error=t.error,
+        started_at=t.started_at,
+        finished_at=t.finished_at,
+        epochs_done=t.epochs_done,
+        epochs_total=t.epochs_total,
+        last_epoch=t.last_epoch,
+        diverged_epoch=t.diverged_epoch,
+        results_from=t.results_from,
+        summary=summary,
+    )
+
+
+def get_trial_row(s: Session, trial_id: int, *, lock: bool = False) -> SqlTrial:
+    q = select(SqlTrial).where(SqlTrial.id == trial_id)
+    if lock:
+        q = q.with_for_update()
+    t = s.scalars(q).one_or_none()
+    if t is None:
+        raise NotFound(f"no trial with id {trial_id}")
+    return t
+
+
+def where_conditions(where: dict[str, Any] | None) -> list[Any]:
+    """SQL conditions for config filters: field → value, or a list of values (any of them).
+
+    Raises:
+        InvalidInput: an unknown field (naming it and listing the fields), or a bad value.
+    """
+    conditions = []
+    for name, value in (where or {}).items():
+        field = f"where.{name}"
+        if name not in CONFIG_FIELDS:
+            raise InvalidInput("unknown config field", field=field, allowed=CONFIG_FIELDS)
+        col = getattr(SqlTrial, name)
+        values = value if isinstance(value, list | tuple) else [value]
+        if not values:
+            conditions.append(false())
+            continue
+        parsed = [validate_field(name, v, where=field) for v in values]
+        present = [v for v in parsed if v is not None]
+        either = [col.in_(present)] if present else []
+        if len(present) < len(parsed):
+            either.append(col.is_(None))
+        conditions.append(or_(*either))
+    return conditions
+
+
+def list_trials(
+    s: Session,
+    sweep_id: int,
+    status: str | None,
+    where: dict[str, Any] | None,
+    offset: int,
+    limit: int,
+    settings: Settings,
+) -> tuple[list[TrialInfo], int]:
+    check_page(offset, limit, settings)
+    get_sweep_row(s, sweep_id)
+    q = select(SqlTrial).where(SqlTrial.sweep_id == sweep_id, *where_conditions(where))
+    if status is not None:
+        check_status(status, TRIAL_STATUSES)
+        q = q.where(SqlTrial.status == status)
+    total = s.scalar(select(func.count()).select_from(q.subquery()))
+    page = s.scalars(q.order_by(SqlTrial.index).offset(offset).limit(limit))
+    return [trial_info(t) for t in page], int(total or 0)
+
+
+def runnable_trials(s: Session, sweep_id: int) -> list[TrialInfo]:
+    get_sweep_row(s, sweep_id)
+    q = (
+        select(SqlTrial)
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status.in_(("queued", "running")))
+        .where(SqlTrial.results_from.is_(None))
+        .order_by(SqlTrial.index)
+    )
+    return [trial_info(t) for t in s.scalars(q)]
+
+
+def start_trial(s: Session, trial_id: int) -> TrialInfo:
+    t = get_trial_row(s, trial_id, lock=True)
+    if t.results_from is not None:
+        raise Conflict(f"trial {trial_id} reuses the results of trial {t.results_from}")
+    if t.status in ("completed", "diverged", "cancelled"):
+        raise Conflict(f"trial {trial_id} is {t.status}; it does not run again")
+    t.status, t.attempts = "running", t.attempts + 1
+    t.started_at, t.finished_at, t.error = utcnow(), None, None
+    t.epochs_done, t.diverged_epoch = 0, None  # this attempt's progress starts over
+    s.flush()
+    return trial_info(t)
+
+
+def finish_trial(s: Session, trial_id: int, status: str, error: str | None) -> TrialInfo:
+    check_status(status, FINISHED_TRIAL)
+    t = get_trial_row(s, trial_id, lock=True)
+    if t.results_from is not None:
+        raise Conflict(f"trial {trial_id} reuses the results of trial {t.results_from}")
+    t.status, t.error, t.finished_at = status, error, utcnow()
+    s.flush()
+    return trial_info(t)

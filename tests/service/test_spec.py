@@ -1,0 +1,214 @@
+"""SweepSpec: parsing (YAML/JSON), validation naming the field, limits, expansion order."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from service.config import TrialConfig, config_hash, estimate_memory_bytes
+from service.errors import InvalidInput, LimitExceeded
+from service.settings import Settings
+from service.spec import expand, load_spec, parse_spec, swept_fields
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+DESIGN_SPEC = """
+name: bn-gradients
+parameters:            # a list is a sweep axis; a scalar is fixed
+  depth: [10, 50, 100, 200, 500]
+  init: [gaussian, orthogonal]
+  activation: identity
+  norm: batch
+  width: 100
+  batch_size: 100
+  epochs: 0            # 0 = measure at initialization only
+seeds: 10              # or an explicit list
+resources: {cpu: 1, gpu: 0}
+max_failures: 1
+priority: 0
+"""
+
+
+def _invalid(data, settings=None, cls=InvalidInput):
+    with pytest.raises(cls) as exc:
+        parse_spec(data, settings=settings)
+    return exc.value
+
+
+def test_design_example_expands_to_the_cartesian_product_times_seeds():
+    spec = parse_spec(DESIGN_SPEC)
+    trials = expand(spec)
+    assert spec.n_trials == len(trials) == 5 * 2 * 10
+    expected = itertools.product([10, 50, 100, 200, 500], ["gaussian", "orthogonal"], range(10))
+    assert [(t.depth, t.init, t.seed) for t in trials] == list(expected)
+    assert {(t.activation, t.norm, t.width, t.batch_size, t.epochs) for t in trials} == {
+        ("identity", "batch", 100, 100, 0)
+    }
+    assert len({config_hash(t) for t in trials}) == len(trials)
+    assert swept_fields(spec) == ["depth", "init", "seed"]
+
+
+def test_axes_follow_the_written_order_not_the_config_order():
+    spec = parse_spec({"name": "x", "parameters": {"init": ["xavier", "kaiming"], "depth": [2, 1]}})
+    assert swept_fields(spec) == ["init", "depth", "seed"]
+    assert [(t.init, t.depth) for t in expand(spec)] == [
+        ("xavier", 2),
+        ("xavier", 1),
+        ("kaiming", 2),
+        ("kaiming", 1),
+    ]
+
+
+def test_json_text_yaml_text_and_dict_agree():
+    data = {"name": "j", "parameters": {"depth": [3, 4], "lr": 0.001}, "seeds": [7, 2]}
+    a = parse_spec(data)
+    assert parse_spec(json.dumps(data)) == a
+    assert parse_spec("name: j\nparameters: {depth: [3, 4], lr: 1e-3}\nseeds: [7, 2]") == a
+    assert [t.seed for t in expand(a)] == [7, 2, 7, 2]
+
+
+def test_defaults_and_a_length_one_list_is_still_an_axis():
+    spec = parse_spec({"name": "d", "parameters": {"depth": [5]}})
+    assert spec.seed_list == [0]
+    assert (spec.resources.cpu, spec.resources.gpu) == (1.0, 0.0)
+    assert (spec.max_failures, spec.priority, spec.rerun, spec.tags) == (1, 0, False, [])
+    assert swept_fields(spec) == ["depth", "seed"]
+    assert expand(spec) == [TrialConfig(depth=5, seed=0)]
+
+
+def test_values_are_normalized_by_trial_config():
+    spec = parse_spec("name: n\nparameters: {lr: [1e-3, 0.01], bias: 'true', depth: '4'}")
+    assert spec.parameters == {"lr": [0.001, 0.01], "bias": True, "depth": 4}
+
+
+def test_unknown_top_level_key_is_named():
+    err = _invalid({"name": "x", "paramters": {}})
+    assert err.field == "paramters" and "unknown field" in err.message
+
+
+def test_unknown_parameter_lists_the_fields():
+    err = _invalid({"name": "x", "parameters": {"dept": [1, 2]}})
+    assert err.field == "parameters.dept"
+    assert "depth" in err.allowed and "seed" not in err.allowed
+
+
+def test_seed_is_not_a_parameter():
+    err = _invalid({"name": "x", "parameters": {"seed": [1, 2]}})
+    assert err.field == "parameters.seed" and "seeds" in err.message
+
+
+def test_bad_literal_names_the_field_and_the_allowed_values():
+    err = _invalid({"name": "x", "parameters": {"norm": ["batch", "group"]}})
+    assert err.field == "parameters.norm[1]"
+    assert "'layer_scale'" in err.message
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field"),
+    [
+        ({"depth": 0}, "parameters.depth"),
+        ({"width": [10, -1]}, "parameters.width[1]"),
+        ({"lr": [0.1, ".nan"]}, "parameters.lr[1]"),
+        ({"momentum": 1.0}, "parameters.momentum"),
+        ({"depth": []}, "parameters.depth"),
+        ({"depth": [1, 2, 1]}, "parameters.depth"),
+        ({"lr": ["1e-3", 0.001]}, "parameters.lr"),  # the same value once normalized
+        ({"depth": {"a": 1}}, "parameters.depth"),
+    ],
+)
+def test_out_of_range_or_repeated_values_are_named(parameters, field):
+    assert _invalid({"name": "x", "parameters": parameters}).field == field
+
+
+@pytest.mark.parametrize(
+    ("seeds", "field"),
+    [(0, "seeds"), (True, "seeds"), ([], "seeds"), ([1, 1], "seeds"), ([0, -1], "seeds[1]")],
+)
+def test_bad_seeds(seeds, field):
+    assert _invalid({"name": "x", "seeds": seeds}).field == field
+
+
+def test_resources():
+    assert parse_spec({"name": "x", "resources": {"gpu": 0.25}}).resources.gpu == 0.25
+    assert parse_spec({"name": "x", "resources": {"gpu": 2}}).resources.gpu == 2.0
+    assert _invalid({"name": "x", "resources": {"gpu": 1.5}}).field == "resources.gpu"
+    assert _invalid({"name": "x", "resources": {"cpu": 0}}).field == "resources.cpu"
+    assert _invalid({"name": "x", "resources": {"tpu": 1}}).field == "resources.tpu"
+
+
+def test_name_is_required_and_not_blank():
+    assert _invalid({"parameters": {}}).field == "name"
+    assert _invalid({"name": "   "}).field == "name"
+
+
+def test_max_failures_must_not_be_negative():
+    assert _invalid({"name": "x", "max_failures": -1}).field == "max_failures"
+
+
+def test_yaml_syntax_error_names_the_line():
+    err = _invalid("name: x\nparameters:\n  depth: [1, 2\n  width: 3\n")
+    assert err.field == "spec"
+    assert "line 4" in err.message
+
+
+def test_a_spec_must_be_a_mapping():
+    assert _invalid("- a\n- b\n").field == "spec"
+
+
+def test_invalid_combination_names_the_trial():
+    err = _invalid({"name": "x", "parameters": {"batch_size": [1, 8], "norm": "batch"}})
+    assert err.field == "parameters"
+    assert "batch_size=1" in err.message
+    ok = parse_spec({"name": "x", "parameters": {"batch_size": [1, 8], "norm": "layer"}})
+    assert ok.n_trials == 2
+
+
+def test_trial_count_limit_names_the_setting():
+    settings = Settings(max_trials_per_sweep=20)
+    spec = {"name": "x", "parameters": {"depth": [1, 2]}, "seeds": 10}
+    assert parse_spec(spec, settings=settings).n_trials == 20  # at the limit is fine
+    err = _invalid({**spec, "seeds": 11}, settings, LimitExceeded)
+    assert err.field == "parameters"
+    assert "22 trials" in err.message and "ISOSWEEP_MAX_TRIALS_PER_SWEEP" in err.message
+
+
+@pytest.mark.parametrize(
+    ("field", "setting"),
+    [
+        ("depth", "max_depth"),
+        ("width", "max_width"),
+        ("batch_size", "max_batch_size"),
+        ("epochs", "max_epochs"),
+    ],
+)
+def test_field_limits(field, setting):
+    settings = Settings(**{setting: 50})
+    assert parse_spec({"name": "x", "parameters": {field: [2, 50]}}, settings=settings)
+    err = _invalid({"name": "x", "parameters": {field: [2, 51]}}, settings, LimitExceeded)
+    assert err.field == f"parameters.{field}"
+    assert "50" in err.message and f"ISOSWEEP_{setting.upper()}" in err.message
+
+
+def test_memory_limit_uses_the_estimate_of_the_biggest_trial():
+    big = TrialConfig(depth=200, width=1000, batch_size=500)
+    need_gb = estimate_memory_bytes(big) / 1e9
+    spec = {"name": "x", "parameters": {"depth": [10, 200], "width": 1000, "batch_size": 500}}
+    assert parse_spec(spec, settings=Settings(max_trial_memory_gb=need_gb * 1.001))
+    err = _invalid(spec, Settings(max_trial_memory_gb=need_gb * 0.999), LimitExceeded)
+    assert "depth=200" in err.message and "ISOSWEEP_MAX_TRIAL_MEMORY_GB" in err.message
+
+
+def test_huge_seed_count_is_refused_before_expanding():
+    err = _invalid({"name": "x", "seeds": 2**31}, cls=LimitExceeded)
+    assert "2147483648 trials" in err.message
+
+
+def test_load_spec_and_examples_parse(tmp_path):
+    paths = sorted(EXAMPLES.glob("*.yaml"))
+    assert paths, "examples/ has no specs"
+    for path in paths:
+        assert load_spec(path).n_trials >= 1
+    with pytest.raises(InvalidInput) as exc:
+        load_spec(tmp_path / "missing.yaml")
+    assert exc.value.field == "spec"
