@@ -1,0 +1,71 @@
+"""`isosweep trial`: one trial in the foreground, one JSON object per recorded epoch on stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from api.cli.common import CommandError, parse_overrides
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "trial",
+        help="run one trial and print its epoch records as JSON lines",
+        description=(
+            "Run one trial (no Ray, no database) and print one JSON object per recorded epoch. "
+            "Per-layer metrics are arrays indexed by block 1..L; NaN and ±inf are written as "
+            'the strings "NaN", "Infinity", "-Infinity".'
+        ),
+    )
+    p.add_argument("--config", type=Path, help="TrialConfig as JSON (default: all defaults)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override one config field (repeatable), e.g. --set depth=50",
+    )
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--data-dir", type=Path, help="torchvision datasets root (ISOSWEEP_DATA_DIR)")
+    p.set_defaults(func=run_trial)
+
+
+def read_config(path: Path | None, overrides: list[str] | None):
+    """The TrialConfig of a JSON file plus `key=value` overrides.
+
+    Raises:
+        CommandError: unreadable file or JSON that is not an object.
+        InvalidInput: unknown keys or invalid values (names the field and what is allowed).
+    """
+    from service.config import parse_trial_config
+
+    data: dict = {}
+    if path is not None:
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise CommandError(f"--config: cannot read {path}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise CommandError(f"--config: {path} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise CommandError(f"--config: {path} must hold a JSON object of TrialConfig fields")
+    data.update(parse_overrides(overrides))
+    return parse_trial_config(data)
+
+
+def run_trial(args: argparse.Namespace) -> int:
+    config = read_config(args.config, args.overrides)
+    from service.jsonfmt import dumps
+    from workers.train import fit  # torch is imported here, not when the CLI starts
+
+    try:
+        for record in fit(config, device=args.device, data_dir=args.data_dir):
+            sys.stdout.write(dumps(record) + "\n")
+            sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0

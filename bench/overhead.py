@@ -1,0 +1,97 @@
+"""What measuring costs: epoch time with the measurements over epoch time without them.
+
+Reference trial: depth 100, width 128, batch 128, the synthetic `gaussian` set (4000 training
+samples → 31 steps an epoch, 1000 test samples), ReLU, BatchNorm. A measured epoch is the
+training steps plus everything a recorded epoch adds (probe forward/backward, every Gram and its
+eigenvalues, weight gaps, test-set evaluation). Repetitions interleave the two kinds of epoch in
+one process with a fixed thread count, so machine load hits both alike. Target: ratio ≤ 1.10.
+
+Also times one measurement pass at depth 1000, width 100 (batch 100).
+
+    .venv/bin/python bench/overhead.py [--reps 6] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from service.config import TrialConfig
+from workers import metrics
+from workers.train import Trial
+
+REFERENCE = dict(depth=100, width=128, batch_size=128, dataset="gaussian", activation="relu")
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def overhead(reps: int) -> None:
+    trial = Trial(TrialConfig(**REFERENCE, epochs=2 * reps + 2))
+    trial.record(1, trial.train_epoch())  # warm-up: allocator, thread pools, caches
+    plain, measured = [], []
+    for r in range(reps):  # interleaved, alternating which kind goes first
+        for kind in ("plain", "measured") if r % 2 == 0 else ("measured", "plain"):
+            if kind == "plain":
+                plain.append(timed(trial.train_epoch))
+            else:
+                measured.append(timed(lambda: trial.record(1, trial.train_epoch())))
+    probe = min(
+        timed(lambda: metrics.probe_metrics(trial.spec, trial.params, trial.state, *trial.probe))
+        for _ in range(3)
+    )
+    test = min(
+        timed(lambda: trial.evaluate(trial.data.X_test, trial.data.y_test, "running"))
+        for _ in range(3)
+    )
+    p, m = statistics.mean(plain), statistics.mean(measured)
+    steps = len(trial.data.X_train) // REFERENCE["batch_size"]
+    print(f"reference trial {REFERENCE}, {steps} steps/epoch, {reps} interleaved repetitions")
+    print(f"  epoch without measurements   {p * 1e3:8.1f} ms")
+    print(f"  epoch with measurements      {m * 1e3:8.1f} ms")
+    print(f"    probe metrics (best of 3)  {probe * 1e3:8.1f} ms")
+    print(f"    test evaluation (best of 3){test * 1e3:8.1f} ms")
+    print(f"  ratio                        {m / p:8.3f}   (target ≤ 1.10)")
+    print(
+        f"  one measurement ≈ {(m - p) / p * steps:.1f} training steps; "
+        f"with record_every=k the ratio is 1 + {m / p - 1:.3f}/k"
+    )
+
+
+def deep_pass() -> None:
+    trial = Trial(
+        TrialConfig(
+            depth=1000,
+            width=100,
+            batch_size=100,
+            dataset="gaussian",
+            activation="tanh",
+            gain_exponent=0.4,
+            init="orthogonal",
+        )
+    )
+    args = (trial.spec, trial.params, trial.state, *trial.probe)
+    metrics.probe_metrics(*args)  # warm-up
+    t = min(timed(lambda: metrics.probe_metrics(*args)) for _ in range(3))
+    print(f"one measurement pass, depth 1000 × width 100, batch 100: {t:.2f} s (best of 3)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s)")
+    overhead(args.reps)
+    deep_pass()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Datasets as whole tensors: inputs flattened and standardized, labels as int64.
+
+cifar10, cifar100, mnist and fashion_mnist are read through torchvision's own dataset classes
+from `data_dir` (downloaded there first when the files are missing and the network allows);
+`digits` (scikit-learn's bundled 8×8 images) and `gaussian` (synthetic) need no files. A loaded
+set is cached for the life of the process, so several trials in one worker read it once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from service.config import DATASET_SHAPES
+from service.errors import DataUnavailable, InvalidInput
+
+TORCHVISION_CLASSES = {
+    "cifar10": "CIFAR10",
+    "cifar100": "CIFAR100",
+    "mnist": "MNIST",
+    "fashion_mnist": "FashionMNIST",
+}
+GAUSSIAN_SEED = 20230529  # the synthetic set is the same for every trial and machine
+GAUSSIAN_TRAIN, GAUSSIAN_TEST = 4000, 1000
+DIGITS_TEST_FRACTION = 0.2
+STD_FLOOR = 1e-2  # × the mean feature std: constant pixels (MNIST's border) are not blown up
+
+_CACHE: dict[tuple[str, str | None], Dataset] = {}
+
+
+class Dataset(NamedTuple):
+    X_train: Tensor  # (N, D) float32, standardized with the training statistics
+    y_train: Tensor  # (N,) int64
+    X_test: Tensor  # (M, D) float32
+    y_test: Tensor  # (M,) int64
+
+
+def load_dataset(
+    name: str, data_dir: str | Path | None = None, *, download: bool = True
+) -> Dataset:
+    """The whole dataset `name` as tensors on the CPU (cached per process; do not modify them).
+
+    Args:
+        name: one of service.config.DATASET_SHAPES.
+        data_dir: root of the torchvision sets; default `Settings.data_dir` (ISOSWEEP_DATA_DIR).
+        download: try to download a torchvision set whose files are missing.
+
+    Raises:
+        InvalidInput: unknown name.
+        DataUnavailable: the files are missing and could not be downloaded; the message names the
+            directory and the files expected in it.
+    """
+    if name not in DATASET_SHAPES:
+        raise InvalidInput(f"unknown dataset {name!r}", field="dataset", allowed=DATASET_SHAPES)
+    root = None
+    if name in TORCHVISION_CLASSES:
+        if data_dir is None:
+            from service.settings import get_settings
+
+            data_dir = get_settings().data_dir
+        root = str(Path(data_dir).expanduser().resolve())
+    key = (name, root)
+    if key not in _CACHE:
+        if name == "digits":
+            raw = _digits()
+        elif name == "gaussian":
+            raw = _gaussian()
+        else:
+            raw = _torchvision(name, root, download)  # type: ignore[arg-type]
+        _CACHE[key] = standardize(*raw)
+    return _CACHE[key]
+
+
+def standardize(X_train: Tensor, y_train: Tensor, X_test: Tensor, y_test: Tensor) -> Dataset:
+    """Flatten, then per feature subtract the training mean and divide by the training std,
+    floored at STD_FLOOR × the mean std so that a (nearly) constant feature stays small."""
+    Xtr = X_train.reshape(len(X_train), -1).to(torch.float64)
+    Xte = X_test.reshape(len(X_test), -1).to(torch.float64)
+    mu = Xtr.mean(dim=0)
+    sd = Xtr.std(dim=0, correction=0)
+    sd = sd.clamp_min(STD_FLOOR * float(sd.mean()) or 1.0)
+    return Dataset(
+        ((Xtr - mu) / sd).to(torch.float32),
+        y_train.to(torch.int64),
+        ((Xte - mu) / sd).to(torch.float32),
+        y_test.to(torch.int64),
+    )
+
+
+def subset(data: Dataset, k: int, generator: torch.Generator) -> Dataset:
+    """k training samples drawn without replacement with `generator`; the test set is kept."""
+    if k >= len(data.X_train):
+        return data
+    idx = torch.randperm(len(data.X_train), generator=generator)[:k]
+    return Dataset(data.X_train[idx], data.y_train[idx], data.X_test, data.y_test)
+
+
+def _digits() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """scikit-learn's 1797 8×8 digit images, a fixed stratified 80/20 split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    X, y = load_digits(return_X_y=True)
+    Xtr, Xte, ytr, yte = train_test_split(
+        X, y, test_size=DIGITS_TEST_FRACTION, random_state=0, stratify=y
+    )
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (Xtr, ytr, Xte, yte))  # type: ignore[return-value]
+
+
+def _gaussian() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """x ~ N(0, I_100); the label is the argmax of a fixed random linear teacher x Tᵀ, so the
+    classes are balanced on average and a network can learn them."""
+    d, c = DATASET_SHAPES["gaussian"]
+    g = torch.Generator().manual_seed(GAUSSIAN_SEED)
+    T = torch.randn(c, d, generator=g, dtype=torch.float64)  # (C, D) teacher
+    X = torch.randn(GAUSSIAN_TRAIN + GAUSSIAN_TEST, d, generator=g, dtype=torch.float64)
+    y = (X @ T.T).argmax(dim=1)
+    n = GAUSSIAN_TRAIN
+    return X[:n], y[:n], X[n:], y[n:]
+
+
+def expected_files(name: str, root: str | Path) -> list[Path]:
+    """The files a torchvision set `name` is read from under `root` (as torchvision lays them)."""
+    from torchvision import datasets
+
+    cls = getattr(datasets, TORCHVISION_CLASSES[name])
+    if issubclass(cls, datasets.CIFAR10):
+        folder = Path(root) / cls.base_folder
+        files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+    else:  # MNIST family: the extracted idx files under <root>/<ClassName>/raw/
+        folder = Path(root) / cls.__name__ / "raw"
+        files = [os.path.splitext(f)[0] for f, _ in cls.resources]
+    return [folder / f for f in files]
+
+
+def _torchvision(name: str, root: str, download: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Read with torchvision (which checks CIFAR's md5 sums); download first if missing."""
+    from torchvision import datasets
+
+    cls = getattr(datasets, TORCHVISION_CLASSES[name])
+    try:
+        return _read(cls, root)
+    except (RuntimeError, OSError) as exc:
+        reason = str(exc)
+    if download:
+        try:
+            cls(root, train=True, download=True)
+            return _read(cls, root)
+        except Exception as exc:  # offline: URLError, RuntimeError, OSError, …
+            reason = f"download failed: {exc}"
+    files = ", ".join(str(f.relative_to(root)) for f in expected_files(name, root))
+    raise DataUnavailable(
+        f"dataset {name!r} is not available in {root} (ISOSWEEP_DATA_DIR); expected the files "
+        f"{files} — {reason.strip()}"
+    )
+
+
+def _read(cls, root: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    train, test = cls(root, train=True), cls(root, train=False)
+    return (*_arrays(train), *_arrays(test))  # type: ignore[return-value]
+
+
+def _arrays(ds) -> tuple[Tensor, Tensor]:
+    """Images as float in [0, 1], channels first (N, C·H·W order), labels as int64."""
+    X = torch.as_tensor(np.asarray(ds.data))
+    if X.ndim == 4:  # CIFAR keeps (N, H, W, C)
+        X = X.permute(0, 3, 1, 2)
+    return X.reshape(len(X), -1).to(torch.float32) / 255.0, torch.as_tensor(ds.targets)

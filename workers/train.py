@@ -1,0 +1,200 @@
+"""One trial: build the network, measure it untrained, train it, yield a record per recorded epoch.
+
+    for record in fit(TrialConfig(depth=50, init="orthogonal")):
+        print(record["epoch"], record["grad_norm"][0])
+
+`fit` is a plain generator: no Ray, no database. The record is specified in
+docs/architecture.md ("The epoch record"). Everything random derives from `config.seed` through
+separate streams (init, probe batch, shuffling, subset), so that measuring — or how often — never
+changes what is trained.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from service.config import TrialConfig, parse_trial_config
+from service.errors import InvalidInput
+from workers import nn
+from workers.data import Dataset, load_dataset, subset
+from workers.metrics import cosine_gram, probe_metrics
+
+STREAMS = {"init": 0, "probe": 1, "shuffle": 2, "subset": 3}
+EVAL_CHUNK = 4096  # samples per forward when batch composition cannot change the result
+
+
+def generator(seed: int, stream: str) -> torch.Generator:
+    """A CPU generator for one purpose, independent of the others (numpy's SeedSequence mixes
+    (seed, stream) into a well-spread 64-bit seed)."""
+    state = np.random.SeedSequence([seed, STREAMS[stream]]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+@dataclass
+class EpochStats:
+    loss: float  # mean cross-entropy over the epoch's minibatches (non-finite if diverged)
+    acc: float
+    time_s: float
+    diverged: bool = False
+
+
+class Trial:
+    """The tensors of one trial — data, parameters, running statistics, optimizer, probe batch —
+    and the three things done with them: train an epoch, evaluate, measure."""
+
+    def __init__(self, config: TrialConfig, *, device: str = "cpu", data_dir: Path | None = None):
+        self.config = c = config
+        self.device = torch.device(device)
+        self.spec = nn.make_spec(c)
+        data = load_dataset(c.dataset, data_dir)
+        if c.max_train_samples is not None:
+            data = subset(data, c.max_train_samples, generator(c.seed, "subset"))
+        if len(data.X_train) < c.batch_size:
+            raise InvalidInput(
+                f"{c.batch_size} exceeds the {len(data.X_train)} training samples of "
+                f"{c.dataset!r} (max_train_samples={c.max_train_samples})",
+                field="batch_size",
+            )
+        self.data = Dataset(*(t.to(self.device) for t in data))
+        params = nn.init_params(self.spec, c.init, c.init_gain, generator(c.seed, "init"))
+        self.params = {k: v.to(self.device).requires_grad_() for k, v in params.items()}
+        self.state = nn.to_device(nn.init_state(self.spec), self.device)
+        self.optimizer = make_optimizer(c, list(self.params.values()))
+        n = len(data.X_train)
+        probe = torch.randperm(n, generator=generator(c.seed, "probe"))[: c.batch_size]
+        self.probe = (
+            self.data.X_train[probe.to(self.device)],
+            self.data.y_train[probe.to(self.device)],
+        )
+        self.shuffle = generator(c.seed, "shuffle")
+
+    def train_epoch(self) -> EpochStats:
+        """One pass over the training set in shuffled minibatches of `batch_size` (the short tail
+        is dropped: every step sees exactly batch_size samples, which batch norm's theory needs).
+        Stops at the first minibatch whose loss is non-finite, before stepping on it."""
+        X, y = self.data.X_train, self.data.y_train
+        bs = self.config.batch_size
+        perm = torch.randperm(len(X), generator=self.shuffle).to(self.device)
+        losses: list[float] = []
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        start = time.perf_counter()
+        for i in range(len(X) // bs):
+            idx = perm[i * bs : (i + 1) * bs]
+            logits, _ = nn.forward(self.spec, self.params, self.state, X[idx], "train")
+            loss = F.cross_entropy(logits, y[idx])
+            losses.append(loss.item())  # the per-step divergence check needs the value anyway
+            correct += (logits.argmax(dim=1) == y[idx]).sum()
+            if not math.isfinite(losses[-1]):
+                break
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+        elapsed = time.perf_counter() - start
+        mean = sum(losses) / len(losses)
+        return EpochStats(
+            mean, correct.item() / (len(losses) * bs), elapsed, not math.isfinite(mean)
+        )
+
+    def evaluate(self, X: Tensor, y: Tensor, mode: nn.Mode) -> tuple[float, float]:
+        """Mean cross-entropy and accuracy over (X, y), nothing updated.
+
+        Where normalization uses batch statistics (mode "batch" with batch/batch_scale norm), the
+        forward runs in minibatches of batch_size (a short tail joins the last one), as in
+        training; otherwise a sample's output does not depend on its batch-mates, and the forward
+        runs in large chunks.
+        """
+        per_batch = mode == "batch" and self.spec.norm in ("batch", "batch_scale")
+        size = self.config.batch_size if per_batch else EVAL_CHUNK
+        starts = list(range(0, len(X), size))
+        if len(starts) > 1 and len(X) - starts[-1] < size:
+            starts.pop()  # the short tail joins the last full batch
+        loss, correct = 0.0, 0
+        with torch.no_grad():
+            for lo, hi in zip(starts, [*starts[1:], len(X)], strict=True):
+                logits, _ = nn.forward(self.spec, self.params, self.state, X[lo:hi], mode)
+                loss += F.cross_entropy(logits, y[lo:hi], reduction="sum").item()
+                correct += int((logits.argmax(dim=1) == y[lo:hi]).sum())
+        return loss / len(X), correct / len(X)
+
+    def initial_stats(self) -> EpochStats:
+        """Epoch 0's train loss/accuracy: the untrained network over the training set, in
+        minibatches with their own statistics (as training would see them), nothing updated."""
+        loss, acc = self.evaluate(self.data.X_train, self.data.y_train, "batch")
+        return EpochStats(loss, acc, 0.0, not math.isfinite(loss))
+
+    def record(self, epoch: int, stats: EpochStats) -> dict[str, Any]:
+        """The epoch record of docs/architecture.md: probe-batch metrics, test metrics, stats.
+
+        Test metrics use BatchNorm's running statistics when eval_norm = "running" (torch's eval
+        mode) or each test batch's own when "batch". Beware (SCIENCE.md): deep BN networks in
+        eval mode can sit at chance on the test set while training accuracy is high — the
+        running statistics lag the weights. Both are recorded as what they are.
+        """
+        mode: nn.Mode = "running" if self.config.eval_norm == "running" else "batch"
+        test_loss, test_acc = self.evaluate(self.data.X_test, self.data.y_test, mode)
+        rec: dict[str, Any] = {
+            "epoch": epoch,
+            "diverged": stats.diverged,
+            "train_loss": stats.loss,
+            "train_acc": stats.acc,
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "epoch_time_s": stats.time_s,
+        }
+        rec.update(probe_metrics(self.spec, self.params, self.state, *self.probe))
+        if epoch == 0:
+            rec["input_gram"] = cosine_gram(self.probe[0])
+        return rec
+
+
+def make_optimizer(config: TrialConfig, params: list[Tensor]) -> torch.optim.Optimizer:
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+        )
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    raise InvalidInput(
+        f"unknown optimizer {config.optimizer!r}", field="optimizer", allowed=("sgd", "adam")
+    )
+
+
+def fit(
+    config: TrialConfig | dict[str, Any], *, device: str = "cpu", data_dir: Path | None = None
+) -> Iterator[dict[str, Any]]:
+    """Train one trial, yielding its epoch records: epoch 0 (untrained), every `record_every`
+    epochs, and the last. A trial whose loss turns NaN/±inf yields that epoch's record with
+    `diverged=True` (measured as it stands) and stops.
+
+    Args:
+        config: a TrialConfig, or a dict validated into one.
+        device: "cpu" or a torch device such as "cuda"; everything, eigenvalues included, runs
+            there (in float64 for the Grams).
+        data_dir: root of the torchvision datasets; default Settings.data_dir.
+
+    Raises:
+        InvalidInput: an invalid config, or a batch larger than the training set.
+        DataUnavailable: the dataset's files are missing and cannot be downloaded.
+    """
+    if not isinstance(config, TrialConfig):
+        config = parse_trial_config(dict(config))
+    trial = Trial(config, device=device, data_dir=data_dir)
+    recorded = set(config.recorded_epochs)
+    stats = trial.initial_stats()
+    yield trial.record(0, stats)
+    for epoch in range(1, config.epochs + 1):
+        if stats.diverged:
+            return
+        stats = trial.train_epoch()
+        if stats.diverged or epoch in recorded:
+            yield trial.record(epoch, stats)
