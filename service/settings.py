@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     runner_poll_s: float = Field(2.0, gt=0)  # how often an idle runner looks for queued sweeps
     runner_lease_s: float = Field(60.0, gt=0)  # a running sweep without a heartbeat this long
     # is taken over by another runner (the first one died)
+
+    @field_validator("api_token")
+    @classmethod
+    def _empty_token_is_none(cls, v: str | None) -> str | None:
+        return v or None  # ISOSWEEP_API_TOKEN="" (as docker compose passes it) means no token
 
 
 @lru_cache
