@@ -30,6 +30,9 @@ class Activation:
     breakpoints: tuple[float, ...] = ()  # where σ is not smooth (kinks, jumps), for quadrature
     params: dict[str, float] = field(default_factory=dict)
     formula: str = ""
+    # Positively homogeneous: σ(a·x) = a^m·σ(x) for every a > 0. Centering and scaling remove the
+    # factor a^m, so the theory (β, κ, the mean-field Grams) is the same at every gain.
+    homogeneous: bool = False
 
 
 def _gelu_np(x: np.ndarray) -> np.ndarray:
@@ -39,7 +42,9 @@ def _gelu_np(x: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid_np(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # exact, and no overflow for large |x|
+    from scipy.special import expit
+
+    return expit(x)  # keeps its relative accuracy for large negative x, unlike 1 + tanh
 
 
 def _step_torch(torch):
@@ -47,8 +52,15 @@ def _step_torch(torch):
 
 
 _ENTRIES = [
-    Activation("identity", lambda x: x, lambda t: lambda x: x, formula="x"),
-    Activation("relu", lambda x: np.maximum(x, 0.0), lambda t: t.relu, (0.0,), formula="max(x, 0)"),
+    Activation("identity", lambda x: x, lambda t: lambda x: x, formula="x", homogeneous=True),
+    Activation(
+        "relu",
+        lambda x: np.maximum(x, 0.0),
+        lambda t: t.relu,
+        (0.0,),
+        formula="max(x, 0)",
+        homogeneous=True,
+    ),
     Activation(
         "leaky_relu",
         lambda x: np.where(x > 0, x, LEAKY_SLOPE * x),
@@ -56,6 +68,7 @@ _ENTRIES = [
         (0.0,),
         {"negative_slope": LEAKY_SLOPE},
         "max(x, 0) + s·min(x, 0)",
+        homogeneous=True,
     ),
     Activation("tanh", np.tanh, lambda t: t.tanh, formula="tanh(x)"),
     Activation("sigmoid", _sigmoid_np, lambda t: t.sigmoid, formula="1/(1+e^(−x))"),
@@ -84,10 +97,18 @@ _ENTRIES = [
     Activation(
         "softplus",
         lambda x: np.logaddexp(0.0, x),
-        lambda t: t.nn.functional.softplus,
+        # torch switches to the identity above `threshold` (default 20: 1e-10 relative error)
+        lambda t: lambda x: t.nn.functional.softplus(x, threshold=40.0),
         formula="log(1+e^x)",
     ),
-    Activation("step", lambda x: (x > 0).astype(np.float64), _step_torch, (0.0,), formula="1[x>0]"),
+    Activation(
+        "step",
+        lambda x: (x > 0).astype(np.float64),
+        _step_torch,
+        (0.0,),
+        formula="1[x>0]",
+        homogeneous=True,
+    ),
 ]
 
 ACTIVATIONS: dict[str, Activation] = {a.name: a for a in _ENTRIES}

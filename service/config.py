@@ -152,5 +152,5 @@ def estimate_memory_bytes(config: TrialConfig) -> float:
     states = 2 if config.optimizer == "adam" else (1 if config.momentum else 0)
     param_bytes = 4 * params * (2 + states)  # weights, grads, optimizer state (float32)
     act_bytes = 4 * n * d * L * 6  # each block keeps ~3 outputs plus their gradients
-    measure_bytes = 8 * L * 3 * n * n  # the stacked float64 Gram matrices of one measurement
+    measure_bytes = 8 * L * 4 * n * n  # float64 Grams of one measurement: 3L outputs + L weights
     return float(param_bytes + act_bytes + measure_bytes)

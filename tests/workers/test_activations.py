@@ -19,22 +19,9 @@ GRID = np.concatenate(
 # Known registry defects (service/activations.py), reported for a fix; strict, so the marks must
 # go once fixed: numpy sigmoid 0.5·(1 + tanh(x/2)) cancels to 0 for x ≪ 0 (use scipy's expit);
 # torch softplus switches to x above 20, off by e^(−x) (pass threshold=40).
-REGISTRY_FIXES = {
-    "sigmoid": "numpy sigmoid loses all digits for x < −20 (cancellation in 1 + tanh)",
-    "silu": "uses the numpy sigmoid",
-    "softplus": "torch softplus returns x for x > 20 (threshold), relative error 1e-10",
-}
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=REGISTRY_FIXES[n]))
-        if n in REGISTRY_FIXES
-        else n
-        for n in ACTIVATION_NAMES
-    ],
-)
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
 def test_torch_and_numpy_agree(name):
     act = ACTIVATIONS[name]
     x = GRID if name != "exp" else GRID[GRID < 700]  # e^700 overflows float64 in both
