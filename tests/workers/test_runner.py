@@ -1,0 +1,271 @@
+"""The runner loop and the `run`/`runner` commands: claims in priority order, a clean stop that a
+later runner resumes, a runner SIGKILLed mid-sweep (with its Ray processes) and restarted, and the
+CLI driven as a user runs it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from service.config import LAYER_METRICS, SCALAR_METRICS
+from service.spec import parse_spec
+from service.store import Store
+from workers.runner import Runner
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"width": 16, "batch_size": 32, "dataset": "digits", "norm": "batch", "activation": "relu"}
+
+
+def isosweep(*args, timeout=300):
+    """The CLI as a user runs it (`python -m api.cli.main` is the console script's target)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "api.cli.main", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+
+
+def wait_until(condition, timeout_s, what, proc=None):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the runner exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def row_keys(frame: pd.DataFrame) -> list[tuple]:
+    layer = [None if pd.isna(v) else int(v) for v in frame.layer]
+    return list(zip(frame.trial_id, frame.epoch, frame.metric, layer, strict=True))
+
+
+def expected_keys(trials) -> set[tuple]:
+    keys = set()
+    for t in trials:
+        for e in range(t.config["epochs"] + 1):
+            keys.update((t.id, e, m, None) for m in SCALAR_METRICS)
+            for m in LAYER_METRICS:
+                keys.update((t.id, e, m, ell) for ell in range(1, t.config["depth"] + 1))
+    return keys
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+def test_run_rejects_an_invalid_spec_naming_the_field(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: bad\nparameters:\n  depth: [4, -3]\n  activation: relu\n")
+    db = tmp_path / "db.sqlite"
+    result = isosweep("run", str(spec), "--database-url", f"sqlite:///{db}")
+    assert result.returncode == 1
+    assert "parameters.depth[1]" in result.stderr and "greater than or equal to 1" in result.stderr
+    with Store(f"sqlite:///{db}") as store:
+        assert store.list_sweeps()[1] == 0  # nothing was stored
+
+
+def test_run_of_a_missing_file_fails_clearly(tmp_path):
+    result = isosweep("run", str(tmp_path / "nope.yaml"), "--database-url", "sqlite://")
+    assert result.returncode == 1 and "spec: cannot read" in result.stderr
+
+
+def test_runner_once_with_nothing_queued_exits_at_once(tmp_path):
+    result = isosweep("runner", "--once", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert result.returncode == 0, result.stderr
+    assert "runner " in result.stderr and "lease 60s" in result.stderr
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_run_stores_the_rows_then_reuses_them(tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(
+        "name: tiny\nparameters:\n  depth: [2, 3]\n  width: 16\n  batch_size: 32\n"
+        "  dataset: digits\n  epochs: 1\nseeds: 1\n"
+    )
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    first = isosweep("run", str(spec), "--database-url", url)
+    assert first.returncode == 0, first.stderr
+    assert "sweep 1 (tiny): 2 trials" in first.stdout and "sweep 1: completed" in first.stdout
+    with Store(url) as store:
+        trials, _ = store.list_trials(1)
+        assert {t.status for t in trials} == {"completed"}
+        keys = row_keys(store.read_metrics(1))
+        assert len(keys) == len(set(keys)) and set(keys) == expected_keys(trials)
+    again = isosweep("run", str(spec), "--database-url", url, "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert "sweep 2: completed" in again.stdout and "completed*" in again.stdout
+    with Store(url) as store:
+        reused, _ = store.list_trials(2)
+        assert [t.results_from for t in reused] == [t.id for t in trials]
+
+
+# --- the Runner in this process ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def submit(store, name, *, priority=0, epochs=1, seeds=1, depth=2):
+    spec = {
+        "name": name,
+        "parameters": {"depth": depth, "epochs": epochs, **TINY},
+        "seeds": seeds,
+        "priority": priority,
+    }
+    return store.create_sweep(parse_spec(spec))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_runner_takes_sweeps_by_priority_then_age(sqlite_url, ray_local):
+    with Store(sqlite_url) as store:
+        old = submit(store, "old")
+        urgent = submit(store, "urgent", priority=5)
+        young = submit(store, "young")
+        Runner(store, runner_id="r1", poll_s=0.1).run_forever(until_idle=True)
+        infos = [store.get_sweep(s.id) for s in (urgent, old, young)]
+        assert [i.status for i in infos] == ["completed"] * 3
+        assert [i.runner_id for i in infos] == ["r1"] * 3
+        starts = [i.started_at for i in infos]
+        assert starts == sorted(starts) and len(set(starts)) == 3
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_stopped_runner_leaves_the_sweep_for_the_next_one(sqlite_url, ray_local):
+    with Store(sqlite_url) as store:
+        sweep = submit(store, "stop", epochs=60, seeds=2, depth=3)
+        first = Runner(store, runner_id="first", lease_s=1.0, poll_s=0.1)
+
+        def stop_when_recording():
+            wait_until(lambda: store.get_sweep(sweep.id).progress > 0, 120, "records")
+            first.stop()
+
+        threading.Thread(target=stop_when_recording, daemon=True).start()
+        first.run_forever()
+        left = store.get_sweep(sweep.id)
+        assert (left.status, left.runner_id, left.cancel_requested) == ("running", "first", False)
+        before = store.list_trials(sweep.id)[0]
+        cut = [t for t in before if t.status == "running"]  # claimable once the lease runs out
+        assert cut and all(0 < t.epochs_done < 61 for t in cut)  # flushed, and cut short
+        assert {t.status for t in before} <= {"running", "completed"}
+        time.sleep(1.1)  # the first runner's lease runs out
+        done = Runner(store, runner_id="second", poll_s=0.1).run_once()
+        assert (done.id, done.status, done.runner_id) == (sweep.id, "completed", "second")
+        trials, _ = store.list_trials(sweep.id)
+        assert {t.status for t in trials} == {"completed"}
+        was = {t.id: t for t in before}
+        for t in trials:  # the cut trials ran again from the start, the finished ones did not
+            assert t.attempts == was[t.id].attempts + (was[t.id].status == "running")
+        keys = row_keys(store.read_metrics(sweep.id))
+        assert len(keys) == len(set(keys)) and set(keys) == expected_keys(trials)
+
+
+# --- a runner killed outright ------------------------------------------------------------------
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live (non-zombie) processes of a session: a runner started with start_new_session and
+    everything it spawned, Ray's GCS, raylet and workers included."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
+        if int(session) == sid and state != "Z":
+            found.append(int(name))
+    return found
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL the runner and every process of its session, until none is left."""
+    deadline = time.monotonic() + 30
+    while pids := session_pids(proc.pid):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            pytest.fail(f"processes {pids} of the runner's session survive SIGKILL")
+        time.sleep(0.2)
+    proc.wait()
+
+
+def start_runner(url: str, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "api.cli.main", "runner", "--database-url", url]
+    cmd += ["--lease-s", "3", "--poll-s", "0.5", "--num-cpus", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with log.open("w") as f:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_runner_killed_mid_sweep_is_resumed_without_rerunning_or_duplicating(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    store = Store(url)
+    sweep = submit(store, "crash", epochs=8, seeds=8, depth=3)  # 8 trials of 9 records each
+    first = start_runner(url, tmp_path / "first.log")
+
+    def some_but_not_all():
+        trials, _ = store.list_trials(sweep.id)
+        done = sum(t.status == "completed" for t in trials)
+        return done >= 2 and done < len(trials) - 1
+
+    try:
+        wait_until(some_but_not_all, 300, "some trials to complete", proc=first)
+    finally:
+        kill_session(first)
+    assert session_pids(first.pid) == []
+    before = {t.id: t for t in store.list_trials(sweep.id)[0]}
+    completed = {i for i, t in before.items() if t.status == "completed"}
+    assert 2 <= len(completed) < len(before) - 1
+
+    second = start_runner(url, tmp_path / "second.log")
+    try:
+        wait_until(
+            lambda: store.get_sweep(sweep.id).status == "completed", 300, "the resume", second
+        )
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            code = second.wait(60)
+        finally:
+            kill_session(second)
+    assert code == 0, (tmp_path / "second.log").read_text()[-3000:]
+
+    after = {t.id: t for t in store.list_trials(sweep.id)[0]}
+    assert {t.status for t in after.values()} == {"completed"}
+    for i in completed:  # not run again: same attempt, same start and end
+        b, a = before[i], after[i]
+        assert (a.attempts, a.started_at, a.finished_at) == (
+            b.attempts,
+            b.started_at,
+            b.finished_at,
+        )
+    for i, b in before.items():
+        if b.status == "running":  # interrupted by the kill: run again from the start
+            assert after[i].attempts == b.attempts + 1
+    keys = row_keys(store.read_metrics(sweep.id))
+    assert len(keys) == len(set(keys))  # no row twice
+    assert set(keys) == expected_keys(after.values())  # none missing, none extra
+    store.close()

@@ -1,0 +1,186 @@
+"""The runner loop: claim the next queued sweep (priority, then age), drive it, repeat.
+
+    Runner(Store(url)).run_forever()     # what `isosweep runner` does
+
+Ray starts on the first claim (the cluster in RAY_ADDRESS, else a local instance) and stays up
+for the runner's life. SIGTERM or SIGINT stops the runner cleanly: trials stop, the records
+received are written, and the sweep is left running under an expiring lease, so that the next
+runner to claim it resumes it. A runner killed outright (SIGKILL) leaves the same state behind,
+minus the records still in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+from service.errors import StorageError
+from service.store import Store, SweepInfo
+from workers.driver import SweepProgress, init_ray, run_sweep
+
+log = logging.getLogger("isosweep.runner")
+
+
+def default_runner_id() -> str:
+    """host:pid — unique among live runners, and says where to look for one."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Runner:
+    """Claims queued sweeps one at a time and runs them with `run_sweep`.
+
+    Args:
+        store: the database the sweeps are in.
+        runner_id: this runner's name in the store (default host:pid).
+        lease_s: how long a claim lasts without a heartbeat (default settings.runner_lease_s);
+            a runner that dies is replaced that long after its last heartbeat.
+        poll_s: how often an idle runner looks for queued sweeps (default
+            settings.runner_poll_s).
+        ray_address: the Ray cluster (default RAY_ADDRESS, else a local instance).
+        num_cpus, num_gpus: the size of a local instance (default: the machine's).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        runner_id: str | None = None,
+        lease_s: float | None = None,
+        poll_s: float | None = None,
+        ray_address: str | None = None,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
+    ):
+        self.store = store
+        self.runner_id = runner_id or default_runner_id()
+        self.lease_s = lease_s or store.settings.runner_lease_s
+        self.poll_s = poll_s or store.settings.runner_poll_s
+        self.ray_address = ray_address
+        self.ray_size = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        self.stopping = threading.Event()
+        self.started_ray = False
+        self.signals: SignalStop | None = None  # set while run_forever (or `isosweep run`) runs
+
+    def run_once(self) -> SweepInfo | None:
+        """Claim one sweep and run it to its end (or until stopped).
+
+        Returns:
+            The sweep as the run left it, or None when nothing was claimable.
+        """
+        if self.stopping.is_set():
+            return None
+        sweep = self.store.claim_sweep(self.runner_id, self.lease_s)
+        if sweep is None:
+            return None
+        done = sum(n for s, n in sweep.counts.items() if s not in ("queued", "running"))
+        log.info(
+            "runner %s: running sweep %d (%s): %d trials, %d already finished",
+            self.runner_id, sweep.id, sweep.name, sweep.n_trials, done,
+        )  # fmt: skip
+        self.start_ray()
+        return run_sweep(
+            self.store,
+            sweep.id,
+            runner_id=self.runner_id,
+            progress=log_progress,
+            ray_address=self.ray_address,
+            lease_s=self.lease_s,
+            stop=self.stopping,
+        )
+
+    def run_forever(self, *, until_idle: bool = False) -> None:
+        """Claim and run sweeps until stopped (SIGTERM/SIGINT, or `stop()`); with `until_idle`,
+        return as soon as nothing is queued. Shuts down the Ray instance it started."""
+        with SignalStop(self.stop) as self.signals:
+            try:
+                while not self.stopping.is_set():
+                    if self._turn() is None:
+                        if until_idle:
+                            return
+                        self.stopping.wait(self.poll_s)
+            finally:
+                self.shutdown()
+
+    def _turn(self) -> SweepInfo | None:
+        """One claim-and-run; errors are logged, never fatal (the lease of a sweep that failed
+        to run expires, and it is claimed again)."""
+        try:
+            return self.run_once()
+        except StorageError as exc:
+            log.error("runner %s: the store failed: %s", self.runner_id, exc)
+        except Exception:
+            log.exception("runner %s: a sweep run failed", self.runner_id)
+        return None
+
+    def stop(self) -> None:
+        """Ask the runner to stop: the current sweep's trials stop, its records are flushed, and
+        run_forever returns."""
+        if not self.stopping.is_set():
+            log.info("runner %s: stopping", self.runner_id)
+        self.stopping.set()
+
+    def start_ray(self) -> None:
+        if init_ray(self.ray_address, **self.ray_size):
+            self.started_ray = True
+            if self.signals is not None:
+                self.signals.arm()  # ray.init() replaced the SIGTERM handler
+
+    def shutdown(self) -> None:
+        if self.started_ray:
+            import ray
+
+            ray.shutdown()
+            self.started_ray = False
+
+
+def log_progress(p: SweepProgress) -> None:
+    """The runner's progress report: one log line per finished trial."""
+    if p.event == "finish" and p.trial_id is not None:
+        log.info(
+            "sweep %d: trial %d %s on %s (%d/%d trials done)",
+            p.sweep_id, p.trial_id, p.status[p.trial_id], p.devices.get(p.trial_id, "?"),
+            p.trials_done, p.trials_total,
+        )  # fmt: skip
+
+
+class SignalStop:
+    """SIGTERM and SIGINT call `stop()`; a second one interrupts at once (KeyboardInterrupt).
+
+    Tune's own SIGINT handler is switched off so that it does not take these over, and since
+    `ray.init()` installs a SIGTERM handler of its own in the driver (one that exits), `arm()` is
+    called again once Ray is up. Outside the main thread (where Python allows no handlers) this
+    does nothing.
+    """
+
+    def __init__(self, stop: Any):
+        self.stop = stop
+        self.seen: list[int] = []
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalStop:
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+        self.arm()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        self.previous.clear()
+
+    def arm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in (signal.SIGTERM, signal.SIGINT):
+            before = signal.signal(s, self._on_signal)
+            self.previous.setdefault(s, before)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+        self.seen.append(signum)
+        log.info("received %s", signal.Signals(signum).name)
+        self.stop()

@@ -1,0 +1,100 @@
+"""The Ray Tune trainable: a thin adapter that runs `fit()` in a Ray worker and hands each epoch
+record to Tune, one `tune.report` per recorded epoch.
+
+The trial process never opens a database connection and is never given a database URL: what it
+receives is `{"trial_id", "config", "data_dir"}`, and everything it produces goes back to the
+driver through `tune.report`, where `workers.driver.StoreCallback` is the only writer.
+
+Records travel as plain Python values (arrays become nested lists of floats, which pickle keeps
+bit-exact, NaN and ±inf included); `from_transport` turns a Tune result back into the epoch record
+of docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from service.config import LAYER_METRICS, METRICS
+
+PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
+RECORD_KEYS = frozenset({"epoch", "diverged", "input_gram", *METRICS})
+ARRAY_KEYS = frozenset({*LAYER_METRICS, "input_gram"})
+DEVICE_KEY = "device"  # where the trial ran ("cpu", "cuda:0"); not stored, shown in progress
+TRIAL_KEY = "sweep_trial_id"  # Tune overwrites a result's "trial_id" with its own string id
+
+
+def run_trial(config: dict[str, Any]) -> None:
+    """Run one trial in a Ray worker: `config[PARAM_KEY]` is {"trial_id": int, "config": dict,
+    "data_dir": str | None}. Uses CUDA when Ray gave the trial a GPU, and as many torch threads as
+    it was given CPUs.
+
+    Raises:
+        RuntimeError: Ray assigned a GPU but this worker's torch cannot use CUDA.
+        InvalidInput, DataUnavailable: from fit(); Tune retries the trial, then marks it failed.
+    """
+    import torch
+    from ray import tune
+
+    from workers.train import fit
+
+    param = config[PARAM_KEY]
+    device = pick_device()
+    torch.set_num_threads(assigned_threads())
+    for record in fit(param["config"], device=device, data_dir=param.get("data_dir")):
+        tune.report(to_transport(record, trial_id=param["trial_id"], device=device))
+
+
+def pick_device() -> str:
+    """ "cuda:0" when Ray assigned this worker a GPU (Ray narrows CUDA_VISIBLE_DEVICES to it,
+    so it is device 0 here), else "cpu"."""
+    import ray
+    import torch
+
+    if not ray.get_gpu_ids():
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"Ray assigned GPU(s) {ray.get_gpu_ids()} to this trial, but torch "
+            f"{torch.__version__} in this worker cannot use CUDA"
+        )
+    return "cuda:0"
+
+
+def assigned_threads() -> int:
+    """The CPUs Tune reserved for this trial, as a thread count (at least 1)."""
+    from ray import tune
+
+    try:
+        cpus = tune.get_context().get_trial_resources().required_resources.get("CPU", 1)
+    except Exception:  # outside a Tune session (a plain Ray task): one thread
+        cpus = 1
+    return max(1, math.floor(cpus))
+
+
+def to_transport(record: dict[str, Any], *, trial_id: int, device: str) -> dict[str, Any]:
+    """An epoch record as plain Python values: arrays → (nested) lists of floats, numpy scalars
+    → float/bool. Non-finite values stay what they are."""
+    out: dict[str, Any] = {TRIAL_KEY: trial_id, DEVICE_KEY: device}
+    for key, value in record.items():
+        if isinstance(value, np.ndarray):
+            out[key] = value.astype(np.float64).tolist()
+        elif isinstance(value, np.generic):
+            out[key] = value.item()
+        else:
+            out[key] = value
+    return out
+
+
+def from_transport(result: dict[str, Any]) -> dict[str, Any]:
+    """The epoch record inside a Tune result: only the record's own keys (Tune adds its own:
+    time_this_iter_s, config, …), per-layer vectors and the input Gram back to float64 arrays."""
+    record: dict[str, Any] = {}
+    for key in RECORD_KEYS.intersection(result):
+        value = result[key]
+        record[key] = np.asarray(value, dtype=np.float64) if key in ARRAY_KEYS else value
+    record["epoch"] = int(record["epoch"])
+    record["diverged"] = bool(record.get("diverged", False))
+    return record
