@@ -125,11 +125,16 @@ class Store:
         with self._write() as s:
             return sweeps.request_cancel(s, sweep_id)
 
-    def claim_sweep(self, runner_id: str, lease_s: float) -> SweepInfo | None:
+    def claim_sweep(
+        self, runner_id: str, lease_s: float, *, sweep_id: int | None = None
+    ) -> SweepInfo | None:
         """Atomically take the next sweep to run: the highest priority, then the oldest, that is
         queued or running with an expired lease (its runner died). The sweep becomes `running`
         under `runner_id` for `lease_s` seconds (heartbeat extends it); trials left `running` by
         a dead runner go back to `queued`. Two runners never get the same sweep.
+
+        Args:
+            sweep_id: claim this sweep only (as `isosweep run` does), if it is claimable.
 
         Returns:
             The claimed sweep, or None when there is nothing to run.
@@ -138,7 +143,20 @@ class Store:
             InvalidInput: empty runner_id or lease_s ≤ 0.
         """
         with self._write() as s:
-            return sweeps.claim_sweep(s, runner_id, lease_s)
+            return sweeps.claim_sweep(s, runner_id, lease_s, sweep_id)
+
+    def release_sweep(self, sweep_id: int, runner_id: str) -> bool:
+        """Give a running sweep back to the queue at once (a runner stopping cleanly): its
+        running trials become `queued` and any runner may claim it without waiting for the lease.
+
+        Returns:
+            False when the sweep is not running under this runner (nothing changes).
+
+        Raises:
+            NotFound: no sweep has this id.
+        """
+        with self._write() as s:
+            return sweeps.release_sweep(s, sweep_id, runner_id)
 
     def heartbeat(self, sweep_id: int, runner_id: str) -> bool:
         """Extend the runner's lease on a running sweep by the lease_s it claimed with.
@@ -224,7 +242,9 @@ class Store:
 
     def start_trial(self, trial_id: int) -> TrialInfo:
         """Mark an attempt of a trial as started: `running`, attempts + 1, started_at now, its
-        progress (epochs_done) and diverged_epoch reset. A retry calls it again.
+        progress (epochs_done) and diverged_epoch reset, and the results of earlier attempts
+        deleted, so the stored rows are always those of one attempt (a retry that diverges
+        earlier than the attempt it replaces leaves no stale later epochs). A retry calls it again.
 
         Raises:
             NotFound: no trial has this id.

@@ -231,7 +231,9 @@ def _claimable(now: Any) -> Any:
     return or_(SqlSweep.status == "queued", expired)
 
 
-def claim_sweep(s: Session, runner_id: str, lease_s: float) -> SweepInfo | None:
+def claim_sweep(
+    s: Session, runner_id: str, lease_s: float, sweep_id: int | None = None
+) -> SweepInfo | None:
     if not runner_id:
         raise InvalidInput("must not be empty", field="runner_id")
     if not lease_s > 0:
@@ -244,14 +246,16 @@ def claim_sweep(s: Session, runner_id: str, lease_s: float) -> SweepInfo | None:
             .order_by(SqlSweep.priority.desc(), SqlSweep.created_at, SqlSweep.id)
             .limit(1)
         )
+        if sweep_id is not None:
+            q = q.where(SqlSweep.id == sweep_id)
         if s.get_bind().dialect.name == "postgresql":
             q = q.with_for_update(skip_locked=True)
-        sweep_id = s.scalar(q)
-        if sweep_id is None:
+        candidate = s.scalar(q)
+        if candidate is None:
             return None
         taken = s.execute(
             update(SqlSweep)
-            .where(SqlSweep.id == sweep_id, _claimable(now))
+            .where(SqlSweep.id == candidate, _claimable(now))
             .values(
                 status="running",
                 runner_id=runner_id,
@@ -264,13 +268,26 @@ def claim_sweep(s: Session, runner_id: str, lease_s: float) -> SweepInfo | None:
         )
         if taken.rowcount == 1:
             # Trials the dead runner left running start over; their epochs get overwritten.
-            s.execute(
-                update(SqlTrial)
-                .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == "running")
-                .values(status="queued")
-            )
-            return sweep_infos(s, [get_sweep_row(s, sweep_id)])[0]
+            _requeue_running_trials(s, candidate)
+            return sweep_infos(s, [get_sweep_row(s, candidate)])[0]
     return None
+
+
+def _requeue_running_trials(s: Session, sweep_id: int) -> None:
+    s.execute(
+        update(SqlTrial)
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == "running")
+        .values(status="queued")
+    )
+
+
+def release_sweep(s: Session, sweep_id: int, runner_id: str) -> bool:
+    w = get_sweep_row(s, sweep_id, lock=True)
+    if w.status != "running" or w.runner_id != runner_id:
+        return False
+    _requeue_running_trials(s, sweep_id)
+    w.status, w.runner_id, w.lease_expires_at = "queued", None, None
+    return True
 
 
 def heartbeat(s: Session, sweep_id: int, runner_id: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import false, func, or_, select
+from sqlalchemy import delete, false, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import jsonfmt
@@ -12,7 +12,14 @@ from service.config import CONFIG_FIELDS
 from service.errors import Conflict, InvalidInput, NotFound
 from service.settings import Settings
 from service.spec import validate_field
-from service.store.models import FINISHED_TRIAL, TRIAL_STATUSES, SqlTrial, utcnow
+from service.store.models import (
+    FINISHED_TRIAL,
+    TRIAL_STATUSES,
+    SqlArtifact,
+    SqlMetric,
+    SqlTrial,
+    utcnow,
+)
 from service.store.schemas import TrialInfo
 from service.store.sweeps import check_page, check_status, get_sweep_row
 
@@ -114,6 +121,8 @@ def start_trial(s: Session, trial_id: int) -> TrialInfo:
     t.status, t.attempts = "running", t.attempts + 1
     t.started_at, t.finished_at, t.error = utcnow(), None, None
     t.epochs_done, t.diverged_epoch = 0, None  # this attempt's progress starts over
+    for table in (SqlMetric, SqlArtifact):  # and its results: the rows of one attempt only
+        s.execute(delete(table).where(table.trial_id == trial_id))
     s.flush()
     return trial_info(t)
 

@@ -1,6 +1,8 @@
+
 """The store's sweeps and trials on SQLite and Postgres: migrations, creation, reuse of stored
 results, cancel, claims and leases, the finish rule, trial filters and paging."""
 
+import math
 import threading
 import time
 
@@ -242,6 +244,35 @@ def test_expired_lease_is_taken_over_and_running_trials_requeued(store):
     assert store.claim_sweep("third", 60) is None  # the new lease holds
     with pytest.raises(InvalidInput):
         store.claim_sweep("x", 0)
+
+
+def test_claim_one_sweep_by_id_and_release(store):
+    first = store.create_sweep(_spec(name="first", priority=9))
+    mine = store.create_sweep(_spec(name="mine"))
+    got = store.claim_sweep("run-cli", 60, sweep_id=mine.id)
+    assert got.id == mine.id  # not the higher-priority one queued ahead of it
+    assert store.claim_sweep("other", 60, sweep_id=mine.id) is None  # held
+    t = store.list_trials(mine.id)[0][0]
+    store.start_trial(t.id)
+    assert not store.release_sweep(mine.id, "other")  # only its holder can give it back
+    assert store.release_sweep(mine.id, "run-cli")
+    assert store.get_sweep(mine.id).status == "queued"
+    assert store.get_trial(t.id).status == "queued"
+    # claimable again at once, without waiting for the 60 s lease
+    assert store.claim_sweep("next", 60, sweep_id=mine.id).runner_id == "next"
+    assert store.get_sweep(first.id).status == "queued"
+
+
+def test_a_new_attempt_starts_from_no_stored_results(store):
+    sweep = store.create_sweep(_spec(seeds=1))
+    t = store.list_trials(sweep.id)[0][0]
+    depth = t.config["depth"]
+    store.start_trial(t.id)
+    store.write_records([(t.id, _record(e, depth)) for e in range(4)])  # epochs 0..3
+    store.start_trial(t.id)  # a retry, which then diverges at epoch 1
+    store.write_records([(t.id, _record(e, depth, value=math.inf)) for e in range(2)])
+    epochs, values = store.trial_history(t.id, "train_loss")
+    assert epochs.tolist() == [0, 1] and values.tolist() == [math.inf, math.inf]
 
 
 # --- trials ----------------------------------------------------------------------------------

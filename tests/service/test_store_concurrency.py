@@ -120,10 +120,9 @@ def test_two_writers_queue_instead_of_failing(database_url):
         def run():
             rng = np.random.default_rng(seed)
             with Store(database_url, migrate=False) as s:
+                s.start_trial(mine[0])  # a write of another kind among the other's writes
                 for e in range(n_epochs):
                     s.write_records([(t, _record(e, rng)) for t in mine])
-                    if e == 0:
-                        s.start_trial(mine[0])  # a write of another kind in between
 
         return run
 
