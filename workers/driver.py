@@ -401,11 +401,11 @@ def run_sweep(
         lease_s: the lease the sweep was claimed with (default settings.runner_lease_s); the
             heartbeat runs every lease_s / 3.
         stop: set it to stop the run cleanly (the runner's SIGTERM): trials stop, records are
-            flushed, and the sweep is left for a runner to claim when the lease runs out.
+            flushed, and the sweep goes back to the queue at once (store.release_sweep).
 
     Returns:
-        The sweep as it stands: finished (completed, failed or cancelled), or still running
-        when it was stopped or another runner took it over.
+        The sweep as it stands: finished (completed, failed or cancelled), queued again when it
+        was stopped, or running when another runner took it over.
 
     Raises:
         NotFound: no such sweep.
@@ -429,7 +429,7 @@ def run_sweep(
                     store.finish_trial(t.id, "failed", short)
             else:
                 _tune(store, sweep, spec, trials, control, tracker, progress)
-    return conclude(store, sweep_id, control)
+    return conclude(store, sweep_id, runner_id, control)
 
 
 def unmet_resources(cpu: float, gpu: float) -> str | None:
@@ -507,12 +507,13 @@ def _tune(
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def conclude(store: Store, sweep_id: int, control: SweepControl) -> SweepInfo:
+def conclude(store: Store, sweep_id: int, runner_id: str, control: SweepControl) -> SweepInfo:
     """Finish the sweep from its trials' statuses, unless this runner must leave it alone."""
     if control.lost.is_set():
         return store.get_sweep(sweep_id)
     if control.stop.is_set() and not control.cancel.is_set():
-        log.info("sweep %d: stopped; a runner resumes it once the lease runs out", sweep_id)
+        store.release_sweep(sweep_id, runner_id)
+        log.info("sweep %d: stopped and released; the next runner resumes it", sweep_id)
         return store.get_sweep(sweep_id)
     try:
         info = store.finish_sweep(sweep_id)

@@ -41,7 +41,7 @@ def register(subparsers) -> None:
             "(the cluster in RAY_ADDRESS, else a local instance), showing trials done, epochs and "
             "an ETA. Trials whose results are already stored are reused unless --rerun. Exit "
             "code: 0 completed, 1 failed (or invalid spec), 2 cancelled, 130 interrupted (the "
-            "sweep is resumed by the next runner once its lease runs out). Also the entry point "
+            "sweep goes back to the queue for the next runner). Also the entry point "
             "of `ray job submit … -- isosweep run SPEC --database-url postgresql://…`."
         ),
     )
@@ -58,8 +58,8 @@ def register(subparsers) -> None:
         description=(
             "Claim the next queued sweep (highest priority, then oldest), run its unfinished "
             "trials on Ray Tune (the cluster in RAY_ADDRESS, else a local instance), repeat; "
-            "poll when idle. SIGTERM/SIGINT stop it cleanly; a sweep it leaves is resumed by the "
-            "next runner once the lease runs out (also after a crash)."
+            "poll when idle. SIGTERM/SIGINT stop it cleanly and put its sweep back in the queue; "
+            "after a crash the next runner resumes the sweep once its lease runs out."
         ),
     )
     add_database_url(r)
@@ -152,11 +152,8 @@ def configure_logging(*, quiet: bool) -> None:
 
 
 def drive(store, sweep_id: int, *, lease_s: float | None, quiet: bool):
-    """Run the sweep here until it is finished, interrupted, or driven by another runner.
-
-    Claims go by priority and age, so a sweep queued ahead of this one is run first (and said
-    so); one that another runner holds is followed from the store until it finishes.
-    """
+    """Run the sweep here until it is finished, interrupted, or driven by another runner
+    (then follow its progress from the store until it finishes)."""
     from workers.runner import Runner, SignalStop
 
     runner = Runner(store, lease_s=lease_s)
@@ -166,28 +163,26 @@ def drive(store, sweep_id: int, *, lease_s: float | None, quiet: bool):
                 info = store.get_sweep(sweep_id)
                 if info.status not in ("queued", "running"):
                     return info
-                claimed = store.claim_sweep(runner.runner_id, runner.lease_s)
+                claimed = store.claim_sweep(runner.runner_id, runner.lease_s, sweep_id=sweep_id)
                 if claimed is None:  # another runner drives it: follow it from the store
                     bar.follow(info)
                     runner.stopping.wait(FOLLOW_S)
                     continue
-                if claimed.id != sweep_id:
-                    err.print(f"running sweep {claimed.id} ({claimed.name}) first: queued ahead")
                 runner.start_ray()
-                _run_claimed(runner, claimed.id, bar if claimed.id == sweep_id else None)
+                _run_claimed(runner, sweep_id, bar)
         finally:
             runner.shutdown()
     return store.get_sweep(sweep_id)
 
 
-def _run_claimed(runner, sweep_id: int, bar: Bar | None) -> None:
+def _run_claimed(runner, sweep_id: int, bar: Bar) -> None:
     from workers.driver import run_sweep
 
     run_sweep(
         runner.store,
         sweep_id,
         runner_id=runner.runner_id,
-        progress=bar.update if bar else None,
+        progress=bar.update,
         lease_s=runner.lease_s,
         stop=runner.stopping,
     )
@@ -262,8 +257,7 @@ def exit_code(sweep) -> int:
     if sweep.status == "failed":
         return EXIT_FAILED
     err.print(
-        f"sweep {sweep.id} is still {sweep.status}: a runner resumes it once its lease runs out "
-        f"(or cancel it)"
+        f"sweep {sweep.id} is still {sweep.status}: the next runner resumes it (or cancel it)"
     )
     return EXIT_INTERRUPTED
 

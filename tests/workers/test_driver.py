@@ -244,8 +244,8 @@ def test_retry_starts_a_new_attempt_then_failure_stores_the_error(store, tmp_pat
     t = store.get_trial(a)
     assert t.status == "failed" and t.attempts == 2
     assert t.error.startswith("DataUnavailable: dataset 'mnist' is not available in /data\n\n")
-    # the retry's epoch 0 replaced the first attempt's; its epoch 1 stays as it was stored
-    assert history(store, a, "train_loss")[1].tolist() == [0.0, 100.0]
+    # the stored rows are the last attempt's alone: its epoch 0, not the first attempt's epoch 1
+    assert history(store, a, "train_loss")[0].tolist() == [0]
     assert history(store, a, "head_grad_norm")[1][0] == 2.0 * METRICS.index("head_grad_norm")
 
 

@@ -146,7 +146,7 @@ def test_runner_takes_sweeps_by_priority_then_age(sqlite_url, ray_local):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_stopped_runner_leaves_the_sweep_for_the_next_one(sqlite_url, ray_local):
+def test_a_stopped_runner_releases_the_sweep_to_the_next_one(sqlite_url, ray_local):
     with Store(sqlite_url) as store:
         sweep = submit(store, "stop", epochs=60, seeds=2, depth=3)
         first = Runner(store, runner_id="first", lease_s=1.0, poll_s=0.1)
@@ -158,19 +158,20 @@ def test_a_stopped_runner_leaves_the_sweep_for_the_next_one(sqlite_url, ray_loca
         threading.Thread(target=stop_when_recording, daemon=True).start()
         first.run_forever()
         left = store.get_sweep(sweep.id)
-        assert (left.status, left.runner_id, left.cancel_requested) == ("running", "first", False)
+        # released at once: back in the queue, its cut trials queued again
+        assert (left.status, left.runner_id, left.cancel_requested) == ("queued", None, False)
         before = store.list_trials(sweep.id)[0]
-        cut = [t for t in before if t.status == "running"]  # claimable once the lease runs out
-        assert cut and all(0 < t.epochs_done < 61 for t in cut)  # flushed, and cut short
-        assert {t.status for t in before} <= {"running", "completed"}
-        time.sleep(1.1)  # the first runner's lease runs out
-        done = Runner(store, runner_id="second", poll_s=0.1).run_once()
+        cut = [t for t in before if t.status == "queued" and t.attempts == 1]
+        # flushed, and cut short (a trial started just before the stop may have no record yet)
+        assert cut and all(t.epochs_done < 61 for t in cut) and any(t.epochs_done for t in cut)
+        assert {t.status for t in before} <= {"queued", "completed"}
+        done = Runner(store, runner_id="second", poll_s=0.1).run_once()  # no lease to wait out
         assert (done.id, done.status, done.runner_id) == (sweep.id, "completed", "second")
         trials, _ = store.list_trials(sweep.id)
         assert {t.status for t in trials} == {"completed"}
         was = {t.id: t for t in before}
         for t in trials:  # the cut trials ran again from the start, the finished ones did not
-            assert t.attempts == was[t.id].attempts + (was[t.id].status == "running")
+            assert t.attempts == was[t.id].attempts + (was[t.id].status == "queued")
         keys = row_keys(store.read_metrics(sweep.id))
         assert len(keys) == len(set(keys)) and set(keys) == expected_keys(trials)
 
