@@ -1,0 +1,93 @@
+"""The FastAPI app: `create_app(settings, store=…)`.
+
+    app = create_app()                    # opens the store of ISOSWEEP_DATABASE_URL on startup
+    app = create_app(settings, store=s)   # uses an open Store (tests, `isosweep serve`)
+
+Routes live under /api/v1 (api/routes), OpenAPI at /openapi.json and /docs, the dashboard at /.
+Errors have one shape (api/errors.py); NaN/±inf are "NaN", "Infinity", "-Infinity"
+(api/schemas.py). Requests pass the token check and the body limit first (api/guards.py).
+Nothing here imports torch or Ray.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from fastapi.openapi.utils import get_openapi
+
+from api import dashboard
+from api.errors import install_error_handlers
+from api.guards import MUTATING, BodyLimit, TokenAuth
+from api.routes import api_router
+from api.routes.cache import SingleFlightCache
+from api.routes.spec_body import spec_components
+from api.schemas import NonFiniteJSONResponse
+from service import __version__
+from service.settings import Settings, get_settings
+from service.store import Store
+
+DESCRIPTION = """Sweeps of signal propagation in deep networks: submit a sweep, follow it, read
+its per-epoch, per-layer metrics as tidy rows (JSON, CSV, Parquet), plot them, and compare with
+the mean-field theory. NaN and ±inf are the JSON strings "NaN", "Infinity", "-Infinity".
+Errors: `{"error": {"type", "message", "field", "allowed"}}`. See docs/api.md."""
+
+
+def create_app(settings: Settings | None = None, *, store: Store | None = None) -> FastAPI:
+    """The API app. A store passed in stays the caller's to close; otherwise the app opens one
+    on startup (running migrations) and closes it on shutdown."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own = app.state.store is None
+        if own:
+            app.state.store = await run_in_threadpool(
+                Store, settings.database_url, settings=settings
+            )
+        try:
+            yield
+        finally:
+            if own:
+                app.state.store.close()
+                app.state.store = None
+
+    app = FastAPI(
+        title="isosweep",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        default_response_class=NonFiniteJSONResponse,
+    )
+    app.state.settings = settings
+    app.state.store = store
+    app.state.cache = SingleFlightCache()  # metric frames and plots, per sweep version
+    install_error_handlers(app)
+    app.include_router(api_router)
+    app.include_router(dashboard.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(TokenAuth, token=settings.api_token)  # added last: runs first
+    app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """FastAPI's document, plus the SweepSpec body schema and, with a token, bearer security
+    on every mutating operation."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    doc.setdefault("components", {}).setdefault("schemas", {}).update(spec_components())
+    if settings.api_token:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for ops in doc["paths"].values():
+            for method, op in ops.items():
+                if method.upper() in MUTATING:
+                    op["security"] = [{"bearer": []}]
+    app.openapi_schema = doc
+    return doc

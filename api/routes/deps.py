@@ -1,0 +1,152 @@
+"""What the routes share: the store and settings of the app, id and paging parameters, config
+filters as query parameters, the `epoch` parameter, and the refusal of unknown parameters."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated, Any, get_args
+
+from fastapi import Depends, Path, Query, Request
+from fastapi.dependencies.utils import get_flat_params
+from pydantic import Field
+
+from api.routes.cache import SingleFlightCache
+from service.config import CONFIG_FIELDS, TrialConfig
+from service.errors import InvalidInput, StorageError
+from service.settings import Settings
+from service.spec import validate_field
+from service.store import Store
+
+INT32_MAX = 2**31 - 1  # ids and counts are 32-bit integers in Postgres
+
+SweepId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the sweep's id")]
+TrialId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the trial's id")]
+Offset = Annotated[int, Query(ge=0, le=INT32_MAX, description="rows to skip")]
+
+
+def get_store(request: Request) -> Store:
+    store = getattr(request.app.state, "store", None)
+    if store is None:
+        raise StorageError("the store is not open (the app has not started)")
+    return store
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_cache(request: Request) -> SingleFlightCache:
+    return request.app.state.cache
+
+
+StoreDep = Annotated[Store, Depends(get_store)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+CacheDep = Annotated[SingleFlightCache, Depends(get_cache)]
+
+
+def frozen(filters: dict[str, list[Any]]) -> tuple:
+    """Config filters as a hashable cache-key part."""
+    return tuple((k, tuple(v)) for k, v in sorted(filters.items()))
+
+
+# --- unknown query parameters -----------------------------------------------------------------
+
+
+def reject_unknown_query(request: Request) -> None:
+    """A typo such as `?metrc=` must not silently return everything: 422 naming it."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known = getattr(route, "isosweep_query_names", None)
+    if known is None:  # computed once per route, kept on the route itself
+        params = get_flat_params(dependant)
+        known = frozenset(p.alias for p in params if _is_query(p))
+        route.isosweep_query_names = known
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise InvalidInput(
+            "unknown query parameter" + (f"s {', '.join(unknown)}" if len(unknown) > 1 else ""),
+            field=unknown[0],
+            allowed=sorted(known),
+        )
+
+
+def _is_query(field: Any) -> bool:
+    info = getattr(field, "field_info", None)
+    return type(info).__name__ == "Query"
+
+
+# --- config filters ---------------------------------------------------------------------------
+
+
+def _filter_type(name: str) -> Any:
+    """list[T] of a TrialConfig field's type and constraints, ints bounded to 32 bits."""
+    info = TrialConfig.model_fields[name]
+    base = info.annotation
+    args = [a for a in get_args(base) if a is not type(None)]
+    if type(None) in get_args(base) and len(args) == 1:
+        base = args[0]  # Optional[int] → int: a filter value is never null
+    extra = [Field(ge=-INT32_MAX - 1, le=INT32_MAX)] if base is int else []
+    meta = [*info.metadata, *extra]
+    item = Annotated[base, *meta] if meta else base  # type: ignore[valid-type]
+    return list[item]  # type: ignore[valid-type]
+
+
+def _filter_parameter(name: str) -> inspect.Parameter:
+    desc = TrialConfig.model_fields[name].description or name
+    query = Query(description=f"only trials with `{name}` among these values ({desc})")
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[_filter_type(name) | None, query],
+    )
+
+
+def _collect_filters(**given: Any) -> dict[str, list[Any]]:
+    return {k: v for k, v in given.items() if v is not None}
+
+
+_collect_filters.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [_filter_parameter(name) for name in CONFIG_FIELDS]
+)
+
+
+def config_filters(
+    given: Annotated[dict[str, list[Any]], Depends(_collect_filters)],
+) -> dict[str, list[Any]]:
+    """Config field → accepted values, each validated as TrialConfig validates it."""
+    return {
+        name: [validate_field(name, v, where=name) for v in values]
+        for name, values in given.items()
+    }
+
+
+ConfigFilters = Annotated[dict[str, list[Any]], Depends(config_filters)]
+
+
+# --- epochs -----------------------------------------------------------------------------------
+
+EpochQuery = Annotated[
+    list[str] | None,
+    Query(description="recorded epochs (repeatable), or `last`: each trial's highest epoch"),
+]
+
+
+def parse_epochs(values: list[str] | None) -> list[int] | str | None:
+    """`["last"]` → "last"; `["0", "10"]` → [0, 10]; None → None (every epoch)."""
+    if not values:
+        return None
+    if "last" in values:
+        if len(values) > 1:
+            raise InvalidInput("`last` cannot be combined with epoch numbers", field="epoch")
+        return "last"
+    return [parse_epoch(v) for v in values]
+
+
+def parse_epoch(value: str) -> int:
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or int(text) > INT32_MAX:
+        raise InvalidInput(f"an epoch number (0, 1, …) or `last`, got {value!r}", field="epoch")
+    return int(text)

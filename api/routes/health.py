@@ -1,0 +1,96 @@
+"""`GET /healthz`: liveness, whether the database answers, and where Ray stands.
+
+The API process never imports Ray: Ray's reachability is a TCP connect to RAY_ADDRESS when one
+is set (the runner then joins that cluster), and otherwise unknown (the runner starts a local
+Ray of its own). Runners show through the sweeps they hold.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from api.routes.deps import StoreDep
+from api.schemas import DatabaseHealth, HealthPublic, NonFiniteJSONResponse, RayHealth
+from service import __version__
+from service.errors import IsosweepError
+
+router = APIRouter(tags=["health"])
+
+CONNECT_TIMEOUT_S = 0.5
+RAY_CACHE_S = 5.0  # a TCP probe at most this often, however often healthz is polled
+DEFAULT_PORTS = {"ray": 10001, "": 6379}  # Ray Client, GCS
+_probe: dict[str, tuple[float, bool]] = {}
+
+
+@router.get(
+    "/healthz",
+    response_model=HealthPublic,
+    responses={503: {"model": HealthPublic, "description": "the database does not answer"}},
+)
+def read_health(store: StoreDep) -> Response:
+    """Liveness: the database answers a query; Ray's address and the runners holding sweeps."""
+    running: list = []
+    try:
+        running, _ = store.list_sweeps(status="running", limit=100)
+        db = DatabaseHealth(ok=True, backend=store.dialect)
+    except IsosweepError as exc:
+        db = DatabaseHealth(ok=False, backend=store.dialect, error=exc.message)
+    health = HealthPublic(
+        status="ok" if db.ok else "degraded",
+        version=__version__,
+        database=db,
+        ray=ray_health(running),
+    )
+    return NonFiniteJSONResponse(health.model_dump(mode="json"), status_code=200 if db.ok else 503)
+
+
+def ray_health(running: list) -> RayHealth:
+    address = os.environ.get("RAY_ADDRESS") or None
+    runners = sorted({s.runner_id for s in running if s.runner_id})
+    held = f"{len(running)} running sweep(s)" + (
+        f" held by {', '.join(runners)}" if runners else ""
+    )
+    if address is None or address in ("auto", "local"):
+        detail = "no RAY_ADDRESS: the runner starts and stops a local Ray instance"
+        return RayHealth(
+            address=address,
+            reachable=None,
+            running_sweeps=len(running),
+            runners=runners,
+            detail=f"{detail}; {held}",
+        )
+    reachable = _reachable(address)
+    detail = f"{address} {'accepts' if reachable else 'refuses'} connections; {held}"
+    return RayHealth(
+        address=address,
+        reachable=reachable,
+        running_sweeps=len(running),
+        runners=runners,
+        detail=detail,
+    )
+
+
+def _reachable(address: str) -> bool:
+    now = time.monotonic()
+    cached = _probe.get(address)
+    if cached and now - cached[0] < RAY_CACHE_S:
+        return cached[1]
+    ok = _connect(address)
+    _probe[address] = (now, ok)
+    return ok
+
+
+def _connect(address: str) -> bool:
+    parts = urlsplit(address if "://" in address else f"//{address}")
+    try:
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme, 6379)
+        with socket.create_connection((parts.hostname or "127.0.0.1", port), CONNECT_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,135 @@
+"""`GET /sweeps/{id}/metrics`: the tidy frame of a sweep, filtered, optionally pooled over seeds,
+as JSON rows (paged), streamed CSV or Parquet. Every answer is bounded: the store refuses a
+query over ISOSWEEP_MAX_POINTS values, and a JSON page holds at most MAX_JSON_ROWS rows."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response, StreamingResponse
+from pydantic import Field
+
+from api.errors import ERROR_RESPONSES
+from api.routes.cache import sweep_version
+from api.routes.deps import (
+    INT32_MAX,
+    CacheDep,
+    ConfigFilters,
+    EpochQuery,
+    Offset,
+    StoreDep,
+    SweepId,
+    frozen,
+    parse_epochs,
+)
+from api.routes.tables import csv_chunks, json_rows, parquet_bytes
+from api.schemas import MetricsPublic
+from service.config import METRICS
+from service.errors import LimitExceeded
+
+router = APIRouter(tags=["metrics"])
+
+DEFAULT_JSON_ROWS = 10_000
+MAX_JSON_ROWS = 100_000
+PARQUET = "application/vnd.apache.parquet"
+
+MetricName = Literal[METRICS]  # type: ignore[valid-type]
+Layer = Annotated[int, Field(ge=1, le=INT32_MAX)]
+
+RESPONSES = {
+    200: {
+        "model": MetricsPublic,
+        "description": "JSON rows (format=json), CSV (format=csv) or Parquet (format=parquet)",
+        "content": {
+            "text/csv": {"schema": {"type": "string"}},
+            PARQUET: {"schema": {"type": "string", "format": "binary"}},
+        },
+    },
+    **ERROR_RESPONSES,
+}
+
+
+@router.get("/sweeps/{sweep_id}/metrics", response_model=None, responses=RESPONSES)
+def read_metrics(
+    sweep_id: SweepId,
+    store: StoreDep,
+    cache: CacheDep,
+    filters: ConfigFilters,
+    metric: Annotated[
+        list[MetricName] | None, Query(description="metric names (repeatable)")
+    ] = None,
+    epoch: EpochQuery = None,
+    layer: Annotated[list[Layer] | None, Query(description="layers ℓ ≥ 1 (repeatable)")] = None,
+    aggregate: Annotated[bool, Query(description="pool seeds: mean, std, ci95, count")] = False,
+    format: Annotated[
+        Literal["json", "csv", "parquet"], Query(description="json, csv or parquet")
+    ] = "json",
+    offset: Offset = 0,
+    limit: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            description=f"rows per page (JSON: default {DEFAULT_JSON_ROWS}, ≤ {MAX_JSON_ROWS})",
+        ),
+    ] = None,
+) -> Response:
+    """Tidy rows of a sweep filtered by config, metric, epoch and layer: JSON, CSV or Parquet."""
+    epochs = parse_epochs(epoch)
+    version = sweep_version(store.get_sweep(sweep_id))
+    asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate)
+    key = ("metrics", store.url, sweep_id, version, asked)
+
+    def read():
+        try:
+            return store.read_metrics(
+                sweep_id,
+                metrics=metric,
+                epoch=epochs,
+                layers=layer,
+                where=filters,
+                aggregate=aggregate,
+            )
+        except LimitExceeded as exc:
+            raise _narrow(exc) from None
+
+    frame = cache.get(key, read, final=version[0])
+    if format == "json":
+        limit = _json_limit(limit)
+    total = len(frame)
+    if offset or limit is not None:
+        frame = frame.iloc[offset : offset + limit if limit is not None else None]
+    name = f"sweep-{sweep_id}-metrics"
+    headers = {"X-Total-Count": str(total)}
+    if format == "csv":
+        headers["Content-Disposition"] = f'attachment; filename="{name}.csv"'
+        return StreamingResponse(csv_chunks(frame), media_type="text/csv", headers=headers)
+    if format == "parquet":
+        headers["Content-Disposition"] = f'attachment; filename="{name}.parquet"'
+        return Response(parquet_bytes(frame), media_type=PARQUET, headers=headers)
+    body = {"data": json_rows(frame), "count": total, "columns": list(frame.columns)}
+    text = json.dumps(body, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    return Response(text.encode(), media_type="application/json", headers=headers)
+
+
+def _json_limit(limit: int | None) -> int:
+    if limit is None:
+        return DEFAULT_JSON_ROWS
+    if limit > MAX_JSON_ROWS:
+        raise LimitExceeded(
+            f"{limit} rows is over the JSON page limit of {MAX_JSON_ROWS}; page with offset, "
+            "or ask for format=csv or parquet",
+            field="limit",
+        )
+    return limit
+
+
+def _narrow(exc: LimitExceeded) -> LimitExceeded:
+    """The store's bound, said in this route's own parameter names."""
+    head = exc.message.removeprefix("max_points: ").split("; narrow")[0]
+    return LimitExceeded(
+        f"{head}; narrow it with metric=…, epoch=last (or numbers), layer=… or config filters "
+        "(e.g. depth=…, seed=0)",
+        field="max_points",
+    )

@@ -1,0 +1,165 @@
+"""The body of `POST /sweeps`: a SweepSpec as JSON, or as YAML text. Read by hand (not by a
+FastAPI body model) so that both media types work and every error names the spec's own field.
+
+After the spec is validated, it is checked for what the databases cannot store whatever the
+spec allows: NUL characters and unpaired surrogates in strings (Postgres and SQLite
+refuse them), and integers outside 32 bits (Postgres `integer` columns). That keeps a client's
+bytes from ever surfacing as a storage error (503) or a crash (500).
+"""
+
+from __future__ import annotations
+
+import json
+from email.message import Message
+from typing import Any
+
+from fastapi import Request
+
+from service.config import TrialConfig
+from service.errors import InvalidInput
+from service.settings import Settings
+from service.spec import SWEPT_BY_SPEC, SweepSpec, parse_spec
+
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+
+def _spec_schema() -> dict[str, Any]:
+    """SweepSpec's JSON schema with `parameters` spelled out: each TrialConfig field (but seed)
+    takes a value or a non-empty list of values (a sweep axis)."""
+    spec = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    spec.pop("$defs", None)
+    fields = TrialConfig.model_json_schema()["properties"]
+    params = {}
+    for name in SWEPT_BY_SPEC:
+        one = {k: v for k, v in fields[name].items() if k not in ("default", "title")}
+        params[name] = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+    spec["properties"]["parameters"] = {
+        "type": "object",
+        "properties": params,
+        "additionalProperties": False,
+        "description": "TrialConfig fields: a list is a sweep axis, a scalar is fixed",
+    }
+    spec["properties"]["seeds"]["description"] = "a count n (seeds 0..n−1) or distinct seeds"
+    return spec
+
+
+def spec_components() -> dict[str, Any]:
+    """Schemas to add to the OpenAPI components: SweepSpec and what it refers to."""
+    defs = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")["$defs"]
+    return {"SweepSpec": _spec_schema(), **defs}
+
+
+SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
+            "application/yaml": {
+                "schema": {"type": "string", "description": "the SweepSpec as YAML text"}
+            },
+        },
+    }
+}
+
+
+async def read_spec(request: Request) -> dict[str, Any] | str:
+    """The request's spec: a parsed JSON document, or YAML text for service.spec.parse_spec.
+
+    Raises:
+        InvalidInput: (field `body`) an empty body, malformed JSON, text that is not UTF-8, an
+            unsupported media type; or a field holding what no database can store.
+    """
+    raw = await request.body()
+    if not raw.strip():
+        raise InvalidInput("the body is empty: send a sweep spec as JSON or YAML", field="body")
+    media = _media_type(request.headers.get("content-type"))
+    if media in YAML_TYPES:
+        return _utf8(raw)
+    if media is not None and media != "application/json" and not media.endswith("+json"):
+        raise InvalidInput(
+            f"unsupported content type {media!r}",
+            field="body",
+            allowed=["application/json", *YAML_TYPES],
+        )
+    try:
+        data = json.loads(_utf8(raw))
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}", field="body"
+        ) from None
+    except RecursionError:
+        raise InvalidInput("the JSON document is nested too deeply", field="body") from None
+    return data
+
+
+def parse_body(data: dict[str, Any] | str, settings: Settings) -> SweepSpec:
+    """Validate the spec (service.spec.parse_spec), then check that the database can store it.
+
+    Raises:
+        InvalidInput, LimitExceeded: as parse_spec, or a value no database can store.
+    """
+    try:
+        spec = parse_spec(data, settings=settings)
+    except RecursionError:
+        raise InvalidInput("the document is nested too deeply", field="body") from None
+    check_storable(spec.model_dump(mode="json"), "")
+    return spec
+
+
+def _media_type(header: str | None) -> str | None:
+    if not header:
+        return None
+    msg = Message()
+    msg["content-type"] = header
+    return msg.get_content_type().lower()
+
+
+def _utf8(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"the body is not UTF-8 text ({exc.reason})", field="body") from None
+
+
+def check_storable(data: Any, root: str) -> None:
+    """Refuse strings with NUL or unpaired surrogates and integers outside 32 bits, anywhere in
+    the document. Iterative, and each container is visited once.
+
+    Raises:
+        InvalidInput: naming the path of the first offending value.
+    """
+    stack: list[tuple[Any, str]] = [(data, root)]
+    seen: set[int] = set()
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict | list):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                if isinstance(k, str):
+                    _check_text(k, path or "body")
+                sub = (
+                    f"{path}[{k}]" if isinstance(value, list) else f"{path}.{k}" if path else str(k)
+                )
+                stack.append((v, sub))
+        elif isinstance(value, str):
+            _check_text(value, path or "body")
+        elif isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+            raise InvalidInput(
+                f"{value} is outside the 32-bit integers [{INT_MIN}, {INT_MAX}]",
+                field=path or "body",
+            )
+
+
+def _check_text(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise InvalidInput("text must not contain NUL characters", field=path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            "text must be valid Unicode (an unpaired surrogate)", field=path
+        ) from None

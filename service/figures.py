@@ -1,0 +1,262 @@
+"""Plots of stored sweeps: store → tidy frame → (mean-field predictions) → service.plots.render.
+
+    make_plot(store, 3, "depth_scaling", metric="grad_norm", fmt="svg", group_by="init")
+
+Reads are bounded by the store (Settings.max_points) and narrowed to what the kind draws: one
+epoch when the plot shows one, each trial's last epoch for `last`, epoch 0 for the theory
+overlay's default. For `theory_overlay` each measured line gets the mean-field prediction of
+Joudaki et al. 2023 (Thm 5.1; service.theory.mean_field_gaps) from its trials' input Grams,
+averaged over seeds. The prediction is for Gaussian-initialized LayerNorm MLPs in act_norm
+order (Linear → σ → center → normalize); the title says so when the sweep's configs differ.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from service.config import CONFIG_FIELDS
+from service.errors import InvalidInput, LimitExceeded, NotFound
+from service.plots import FORMATS, PLOT_KINDS, render, theory_overlay_series
+from service.plots.select import check_choice, line_label, metric_rows, resolve_epoch
+
+# The theory's Gram of each recorded sub-layer (service.theory.STAGES).
+STAGE_OF = {"isometry_gap/linear": "linear", "isometry_gap/act": "act", "isometry_gap/norm": "norm"}
+# What the mean-field theorem assumes, field → value.
+THEORY_SETTING = {"norm": "layer", "order": "act_norm", "init": "gaussian"}
+MAX_THEORY_SEEDS = 10  # seeds whose input Grams are averaged into one predicted line
+EpochArg = int | str | None  # a number, "last", or None (the kind's default)
+
+
+def make_plot(
+    store: Any,
+    sweep_id: int,
+    kind: str,
+    *,
+    metric: str | list[str],
+    fmt: str = "png",
+    x: str | None = None,
+    group_by: str | None = None,
+    epoch: EpochArg = None,
+    layer: int | None = None,
+    trial_id: int | None = None,
+    where: dict[str, Any] | None = None,
+) -> bytes:
+    """One plot of a stored sweep as PNG or SVG bytes (docs/plots.md for the kinds).
+
+    Args:
+        store: a service.store.Store.
+        metric: one metric, or several for training_curves.
+        epoch: a recorded epoch, "last" (the latest recorded), or None (the kind's default).
+        trial_id: draw only this trial of the sweep (the per-trial views).
+        where: config filters, as Store.read_metrics takes them.
+
+    Raises:
+        NotFound: unknown kind (the message lists them), sweep or trial, or a trial of
+            another sweep.
+        InvalidInput: as service.plots.render, naming the field.
+        LimitExceeded: the read would be over Settings.max_points.
+    """
+    if kind not in PLOT_KINDS:
+        raise NotFound(f"no plot kind {kind!r} (kinds: {', '.join(PLOT_KINDS)})")
+    check_choice(fmt, FORMATS, "format")
+    metrics = [metric] if isinstance(metric, str) else list(metric)
+    if not metrics:
+        raise InvalidInput("no metric given", field="metric")
+    where = dict(where or {})
+    if trial_id is not None:
+        where = _one_trial(store, sweep_id, trial_id, where)
+    frame = store.read_metrics(
+        sweep_id, metrics=metrics, epoch=epochs_to_read(kind, epoch, x, group_by), where=where
+    )
+    at = _plot_epoch(frame, epoch)
+    theory = title = None
+    if kind == "theory_overlay" and metrics[0] in STAGE_OF and not frame.empty:
+        theory, title = overlay_predictions(
+            store, frame, metrics[0], x=x, group_by=group_by, epoch=at, layer=layer
+        )
+    return render(
+        kind,
+        frame,
+        metric=metrics if len(metrics) > 1 else metrics[0],
+        fmt=fmt,
+        x=x,
+        group_by=group_by,
+        epoch=at,
+        layer=layer,
+        title=title,
+        theory=theory,
+    )
+
+
+def epochs_to_read(kind: str, epoch: EpochArg, x: str | None, group_by: str | None) -> Any:
+    """The store's epoch filter for a plot: only the epochs the kind can draw."""
+    if kind == "training_curves" or _epoch_is_heatmap_axis(kind, x, group_by):
+        return None
+    if epoch is not None:
+        return epoch if epoch == "last" else [epoch]
+    if kind in ("depth_scaling", "heatmap"):
+        return "last"  # their default epoch is the last recorded one
+    if kind == "theory_overlay":
+        return [0]  # its default is the untrained network; epoch 0 is always recorded
+    return None  # layer_profile may draw one line per recorded epoch
+
+
+def _epoch_is_heatmap_axis(kind: str, x: str | None, group_by: str | None) -> bool:
+    if kind != "heatmap":
+        return False
+    y = group_by or ("epoch" if x == "layer" else "layer")
+    return "epoch" in (x or "epoch", y)
+
+
+def _plot_epoch(frame: pd.DataFrame, epoch: EpochArg) -> int | None:
+    if epoch != "last":
+        return epoch  # type: ignore[return-value]
+    return int(frame["epoch"].max()) if not frame.empty else None
+
+
+def _one_trial(store: Any, sweep_id: int, trial_id: int, where: dict[str, Any]) -> dict[str, Any]:
+    """Config filters that select exactly one trial of the sweep (its whole config), kept
+    consistent with any filters already given (a clash selects nothing)."""
+    t = store.get_trial(trial_id)
+    if t.sweep_id != sweep_id:
+        raise NotFound(f"trial {trial_id} belongs to sweep {t.sweep_id}, not to sweep {sweep_id}")
+    out = dict(where)
+    for f in CONFIG_FIELDS:
+        value = t.config.get(f)
+        given = where.get(f)
+        accepted = given is None or value in (given if isinstance(given, list) else [given])
+        out[f] = [value] if accepted else []
+    return out
+
+
+# --- mean-field predictions for theory_overlay ------------------------------------------------
+
+
+def overlay_predictions(
+    store: Any,
+    frame: pd.DataFrame,
+    metric: str,
+    *,
+    x: str | None,
+    group_by: str | None,
+    epoch: int | None,
+    layer: int | None,
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
+    """label → (layers ℓ, predicted gap) for every measured line of the overlay, and its title.
+
+    A line's prediction is the mean over its seeds (at most MAX_THEORY_SEEDS) of the mean-field
+    gaps started from each seed's input Gram; lines the theory cannot serve (a gain over
+    service.theory.DUAL_GAIN_MAX, no stored Gram yet) get none, and the title says why.
+    """
+    measured, _ = theory_overlay_series(
+        frame, metric, x=x, group_by=group_by, epoch=epoch, layer=layer
+    )
+    rows = metric_rows(frame, metric)
+    rows = rows[rows["epoch"] == resolve_epoch(rows, epoch, default="first")]
+    keys = list(measured.by)
+    groups = rows.groupby(keys, sort=False, dropna=False) if keys else [((), rows)]
+    theory, configs, skipped = {}, [], []
+    for key, part in groups:
+        label = line_label(key if isinstance(key, tuple) else (key,))
+        if label not in measured:
+            continue
+        trials = [store.get_trial(int(t)) for t in pd.unique(part["trial_id"])]
+        configs += [t.config for t in trials]
+        try:
+            predicted = line_prediction(store, trials, STAGE_OF[metric])
+        except (InvalidInput, LimitExceeded) as exc:
+            skipped.append(f"{label} ({exc.message})")
+            continue
+        if predicted is None:
+            skipped.append(f"{label} (no input Gram stored yet)")
+        else:
+            theory[label] = predicted
+    return theory, _title(metric, configs, skipped)
+
+
+def line_prediction(
+    store: Any, trials: list[Any], stage: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(layers (D,), mean predicted gap (D,)) over the seeds of one line; each seed's deepest
+    trial stands for it (the prediction at ℓ does not depend on the total depth)."""
+    deepest: dict[int, Any] = {}
+    for t in trials:
+        seed = t.config["seed"]
+        if seed not in deepest or t.config["depth"] > deepest[seed].config["depth"]:
+            deepest[seed] = t
+    chosen = [deepest[s] for s in sorted(deepest)[:MAX_THEORY_SEEDS]]
+    preds = [p for t in chosen if (p := trial_prediction(store, t, stage)) is not None]
+    if not preds:
+        return None
+    D = max(len(p) for p in preds)
+    stack = np.zeros((len(preds), D))  # (seeds, D)
+    have = np.zeros((len(preds), D), dtype=bool)
+    for i, p in enumerate(preds):
+        stack[i, : len(p)], have[i, : len(p)] = p, True
+    with np.errstate(invalid="ignore"):
+        mean = np.where(have, stack, 0.0).sum(axis=0) / have.sum(axis=0)  # (D,) inf stays inf
+    return np.arange(1, D + 1), mean
+
+
+_CACHE: OrderedDict[tuple, np.ndarray | None] = OrderedDict()
+_CACHE_SIZE = 512
+_LOCK = threading.Lock()
+
+
+def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
+    """Mean-field gaps (depth,) from the trial's input Gram, or None when none is stored.
+    Cached: a trial's input Gram (epoch 0, fixed by its seed) does not change."""
+    c = trial.config
+    source = trial.results_from or trial.id
+    key = (
+        store.url,
+        source,
+        stage,
+        c["activation"],
+        c["depth"],
+        c["activation_gain"],
+        c["gain_exponent"],
+    )
+    with _LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    gram = store.input_gram(trial.id)
+    if gram is None:
+        return None  # not cached: the Gram may arrive later
+    from service.theory import mean_field_gaps
+
+    gaps = mean_field_gaps(
+        c["activation"],
+        c["depth"],
+        gram,
+        gain=c["activation_gain"],
+        gain_exponent=c["gain_exponent"],
+        stage=stage,
+    )
+    with _LOCK:
+        _CACHE[key] = gaps
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return gaps
+
+
+def _title(metric: str, configs: list[dict], skipped: list[str]) -> str:
+    title = f"{metric}: measured and mean-field prediction"
+    off = {
+        f: sorted({str(c[f]) for c in configs if c.get(f) != want})
+        for f, want in THEORY_SETTING.items()
+    }
+    here = ", ".join(f"{f}={'/'.join(v)}" for f, v in off.items() if v)
+    if here:
+        want = ", ".join(f"{f}={v}" for f, v in THEORY_SETTING.items())
+        title += f"\nthe prediction assumes {want}; this sweep has {here}"
+    if skipped:
+        text = "; ".join(skipped)
+        title += "\nno prediction for " + (text if len(text) <= 120 else text[:117] + "…")
+    return title

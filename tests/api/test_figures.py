@@ -1,0 +1,134 @@
+"""service.figures: what a plot reads from the store, the per-trial filter, and the mean-field
+predictions of the theory overlay (averaged over seeds, labelled like the measured lines)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from api_support import record, unit_gram
+
+from service import figures
+from service.errors import InvalidInput, NotFound
+from service.isometry import isometry_gap
+from service.plots import PLOT_KINDS
+from service.spec import parse_spec
+from service.store import Store
+from service.theory import mean_field_gaps
+
+
+@pytest.fixture
+def store(sqlite_url):
+    with Store(sqlite_url) as s:
+        yield s
+
+
+def _sweep(store, seeds=3, n=6, **params):
+    base = {"epochs": 1, "batch_size": n, "width": 8, "norm": "layer", "order": "act_norm"}
+    spec = parse_spec({"name": "f", "parameters": {**base, **params}, "seeds": seeds})
+    sweep = store.create_sweep(spec)
+    trials, _ = store.list_trials(sweep.id, limit=1000)
+    batch = []
+    for t in trials:
+        c = t.config
+        gram = unit_gram(n, 100 + c["seed"])  # one input Gram per seed, as the engine records
+        batch.append((t.id, record(t.id, 0, c["depth"], input_gram=gram)))
+        batch.append((t.id, record(t.id, 1, c["depth"])))
+    store.write_records(batch)
+    return sweep, trials
+
+
+def test_identity_prediction_is_the_mean_input_gap_at_every_layer(store):
+    # κ(ρ) = ρ for σ(x) = x (only c₁ ≠ 0): the Gram, hence the gap, never changes with depth.
+    sweep, _ = _sweep(store, depth=[3, 5], activation="identity")
+    frame = store.read_metrics(sweep.id, metrics="isometry_gap/norm", epoch=[0])
+    theory, title = figures.overlay_predictions(
+        store, frame, "isometry_gap/norm", x="depth", group_by=None, epoch=None, layer=None
+    )
+    assert list(theory) == ["measured"]  # one line: depth is the x axis, nothing else varies
+    layers, gaps = theory["measured"]
+    assert list(layers) == [1, 2, 3, 4, 5]  # the deepest trial of each seed
+    expected = np.mean([isometry_gap(unit_gram(6, 100 + s)) for s in range(3)])
+    np.testing.assert_allclose(gaps, expected, rtol=1e-9)
+    assert "assumes" not in title  # LayerNorm, act_norm, Gaussian: the theory's own setting
+
+
+def test_each_line_averages_its_own_seeds_and_labels_match(store):
+    sweep, _ = _sweep(store, seeds=2, depth=4, activation=["relu", "tanh"], norm="batch")
+    frame = store.read_metrics(sweep.id, metrics="isometry_gap/act", epoch=[0])
+    theory, title = figures.overlay_predictions(
+        store, frame, "isometry_gap/act", x="layer", group_by="activation", epoch=None, layer=None
+    )
+    assert sorted(theory) == ["relu", "tanh"]
+    for act, (layers, gaps) in theory.items():
+        per_seed = [mean_field_gaps(act, 4, unit_gram(6, 100 + s), stage="act") for s in (0, 1)]
+        np.testing.assert_allclose(gaps, np.mean(per_seed, axis=0), rtol=1e-12)
+        assert list(layers) == [1, 2, 3, 4]
+    assert "norm=layer" in title and "this sweep has norm=batch" in title
+
+
+def test_overlay_renders_with_predictions_and_without_a_gram(store):
+    sweep, _ = _sweep(store, seeds=2, depth=[2, 3])
+    png = figures.make_plot(store, sweep.id, "theory_overlay", metric="isometry_gap/norm")
+    assert png.startswith(b"\x89PNG")
+    big = parse_spec(
+        {
+            "name": "g",
+            "parameters": {
+                "depth": 2,
+                "activation_gain": 8.0,
+                "activation": "tanh",
+                "epochs": 0,
+                "batch_size": 4,
+            },
+        }
+    )
+    s2 = store.create_sweep(big)
+    (t,), _ = store.list_trials(s2.id)
+    store.write_records([(t.id, record(t.id, 0, 2, input_gram=unit_gram(4, 1)))])
+    frame = store.read_metrics(s2.id, metrics="isometry_gap/norm", epoch=[0])
+    theory, title = figures.overlay_predictions(
+        store, frame, "isometry_gap/norm", x=None, group_by=None, epoch=None, layer=None
+    )
+    assert theory == {} and "no prediction for 0 (gain" in title  # gain 8 > 5; line "epoch 0"
+
+
+@pytest.mark.parametrize(
+    ("kind", "epoch", "x", "group_by", "reads"),
+    [
+        ("depth_scaling", None, None, None, "last"),
+        ("depth_scaling", 3, None, None, [3]),
+        ("depth_scaling", "last", None, None, "last"),
+        ("heatmap", None, None, None, None),  # epoch is its default x axis
+        ("heatmap", 3, "depth", "init", [3]),
+        ("heatmap", None, "depth", "init", "last"),
+        ("heatmap", 3, "layer", None, None),  # layer × epoch
+        ("training_curves", 3, None, None, None),
+        ("layer_profile", None, None, None, None),
+        ("layer_profile", 2, None, None, [2]),
+        ("theory_overlay", None, None, None, [0]),
+        ("theory_overlay", "last", None, None, "last"),
+    ],
+)
+def test_a_plot_reads_only_the_epochs_it_draws(kind, epoch, x, group_by, reads):
+    assert figures.epochs_to_read(kind, epoch, x, group_by) == reads
+
+
+def test_one_trial_and_its_errors(store):
+    sweep, trials = _sweep(store, seeds=2, depth=[2, 3])
+    chosen = trials[2]
+    where = figures._one_trial(store, sweep.id, chosen.id, {})
+    frame = store.read_metrics(sweep.id, metrics="train_loss", where=where)
+    assert set(frame["trial_id"]) == {chosen.id} and len(frame) == 2
+    clash = figures._one_trial(store, sweep.id, chosen.id, {"depth": [2]})  # chosen has depth 3
+    assert store.read_metrics(sweep.id, metrics="train_loss", where=clash).empty
+    other, _ = _sweep(store, seeds=1, depth=2)
+    with pytest.raises(NotFound, match=f"belongs to sweep {sweep.id}"):
+        figures.make_plot(
+            store, other.id, "training_curves", metric="train_loss", trial_id=chosen.id
+        )
+    with pytest.raises(NotFound) as exc:
+        figures.make_plot(store, sweep.id, "violin", metric="train_loss")
+    assert all(k in exc.value.message for k in PLOT_KINDS)
+    with pytest.raises(InvalidInput) as bad:
+        figures.make_plot(store, sweep.id, "heatmap", metric="train_loss", fmt="jpeg")
+    assert bad.value.field == "format"

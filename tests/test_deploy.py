@@ -1,0 +1,95 @@
+"""docker-compose.yml and the Dockerfile: valid against the compose schema (no Docker engine
+here), and every isosweep command and ISOSWEEP_* variable they use exists in the project."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from api.cli.main import build_parser
+from service.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _commands(service: dict) -> list[list[str]]:
+    """The isosweep command lines a service runs (inside `sh -c` scripts too)."""
+    cmd = service.get("command")
+    if cmd is None:
+        return []
+    text = cmd if isinstance(cmd, str) else shlex.join(cmd)
+    if isinstance(cmd, list) and cmd[:2] == ["sh", "-c"]:
+        text = cmd[2]
+    found = []
+    for part in re.split(r"&&|;|\|\|", text):
+        words = shlex.split(part)
+        if words and words[0] == "exec":
+            words = words[1:]
+        if words and words[0] == "isosweep":
+            found.append(words[1:])
+    return found
+
+
+def test_compose_file_validates_against_the_compose_schema():
+    exe = Path(sys.executable).parent / "check-jsonschema"
+    result = subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_has_the_required_services():
+    services = _compose()["services"]
+    assert set(services) == {"postgres", "ray-head", "ray-worker", "api"}
+    pg = services["postgres"]
+    assert "healthcheck" in pg and any("/var/lib/postgresql/data" in v for v in pg["volumes"])
+    assert services["api"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    # published ports bind to loopback unless told otherwise
+    for name in ("api", "ray-head"):
+        for port in services[name].get("ports", []):
+            assert port.startswith("${ISOSWEEP_PUBLISH_HOST:-127.0.0.1}:"), port
+    # the worker reserves a GPU with the compose device syntax and is scalable (no fixed name)
+    worker = services["ray-worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"] and "container_name" not in worker
+    assert "ports" not in worker
+
+
+def test_every_isosweep_command_parses():
+    parser = build_parser()
+    services = _compose()["services"]
+    commands = [c for s in services.values() for c in _commands(s)]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    cmd_line = next(line for line in dockerfile.splitlines() if line.startswith("CMD "))
+    commands.append(json.loads(cmd_line[4:])[1:])
+    assert {c[0] for c in commands} >= {"runner", "serve"}
+    for argv in commands:
+        args = parser.parse_args(argv)  # exits (SystemExit) on an unknown command or option
+        assert callable(args.func)
+
+
+def test_every_isosweep_variable_is_a_setting():
+    text = COMPOSE.read_text() + (ROOT / "Dockerfile").read_text()
+    names = set(re.findall(r"\bISOSWEEP_([A-Z_]+)\b", text)) - {"PUBLISH_HOST"}
+    fields = {f.upper() for f in Settings.model_fields}
+    assert names and names <= fields, names - fields
+
+
+@pytest.mark.parametrize("service", ["ray-head", "ray-worker", "api"])
+def test_ray_auth_is_the_same_everywhere(service):
+    env = _compose()["services"][service]["environment"]
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"].startswith("${RAY_AUTH_TOKEN")
