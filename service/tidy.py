@@ -20,17 +20,18 @@ def aggregate_over_seeds(frame: pd.DataFrame) -> pd.DataFrame:
     keys = [c for c in frame.columns if c not in ("trial_id", "seed", "value")]
     if frame.empty:
         return pd.DataFrame(columns=[*keys, *AGGREGATE_COLUMNS])
-    values = frame["value"].astype("float64")
-    work = frame[keys].assign(value=values, finite=np.isfinite(values.to_numpy()).astype("int64"))
-    grouped = work.groupby(keys, dropna=False, sort=True)
-    with np.errstate(invalid="ignore"):
-        out = grouped["value"].agg(
-            mean=lambda v: float(np.mean(v.to_numpy())),
-            std=lambda v: float(np.std(v.to_numpy(), ddof=1)) if len(v) > 1 else np.nan,
-            count="size",
-        )
-    out["n_finite"] = grouped["finite"].sum()
-    n = out["count"].to_numpy()
-    t = np.where(n > 1, stats.t.ppf(0.975, np.maximum(n - 1, 1)), np.nan)
-    out["ci95"] = t * out["std"].to_numpy() / np.sqrt(n)
-    return out.reset_index()[[*keys, *AGGREGATE_COLUMNS]]
+    groups = frame.groupby(keys, dropna=False, sort=True)
+    g = groups.ngroup().to_numpy()  # (rows,) group index, in the order of groups.size()
+    v = frame["value"].to_numpy("float64")
+    # Sums by group (bincount) rather than per-group Python: NaN and ±inf propagate as in np.mean
+    n = np.bincount(g)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.bincount(g, weights=v) / n
+        dev = v - mean[g]  # NaN where the mean is ±inf, so such a group's std is NaN
+        var = np.bincount(g, weights=dev * dev) / np.maximum(n - 1, 1)
+        std = np.where(n > 1, np.sqrt(var), np.nan)
+        t = np.where(n > 1, stats.t.ppf(0.975, np.maximum(n - 1, 1)), np.nan)
+    out = groups.size().reset_index()[keys]
+    out["mean"], out["std"], out["ci95"], out["count"] = mean, std, t * std / np.sqrt(n), n
+    out["n_finite"] = np.bincount(g, weights=np.isfinite(v)).astype("int64")
+    return out

@@ -58,3 +58,28 @@ def test_empty_frame():
         "count",
         "n_finite",
     ]
+
+
+def test_matches_numpy_group_by_group_on_random_data():
+    rng = np.random.default_rng(0)
+    values = rng.lognormal(size=600)
+    values[rng.choice(600, 12, replace=False)] = rng.choice([np.inf, -np.inf, np.nan], 12)
+    frame = pd.DataFrame(
+        {
+            "trial_id": np.arange(600),
+            "depth": rng.choice([5, 50], 600),
+            "seed": rng.integers(0, 5, 600),
+            "epoch": 0,
+            "metric": "grad_norm",
+            "layer": pd.array(rng.integers(1, 30, 600), dtype="Int64"),
+            "value": values,
+        }
+    )
+    agg = aggregate_over_seeds(frame)
+    for row in agg.itertuples():
+        v = frame.loc[(frame.depth == row.depth) & (frame.layer == row.layer), "value"].to_numpy()
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_allclose(row.mean, np.mean(v), rtol=1e-12)
+            std = np.std(v, ddof=1) if len(v) > 1 else np.nan
+        np.testing.assert_allclose(row.std, std, rtol=1e-9)
+        assert row.count == len(v) and row.n_finite == np.isfinite(v).sum()
