@@ -179,7 +179,10 @@ def parse_spec(data: dict[str, Any] | str, *, settings: Settings | None = None) 
         spec = SweepSpec.model_validate(data)
     except ValidationError as exc:
         raise pydantic_to_invalid(exc) from None
+    except RecursionError:
+        raise InvalidInput("the document is nested too deeply", field="spec") from None
     check_limits(spec, settings or get_settings())
+    check_storable(spec.model_dump(mode="json"), "")
     return spec
 
 
@@ -293,3 +296,52 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
 def swept_fields(spec: SweepSpec) -> list[str]:
     """The config fields that vary across the sweep's trials: its axes, then `seed`."""
     return [*spec.axes, "seed"]
+
+
+# What no database stores, whatever the spec allows: NUL characters and unpaired surrogates
+# in strings (Postgres and SQLite refuse them), integers outside 32 bits (Postgres `integer`).
+# Refused here so that a user's input never surfaces as a storage error.
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+
+def check_storable(data: Any, root: str) -> None:
+    """Refuse strings with NUL or unpaired surrogates and integers outside 32 bits, anywhere in
+    the document. Iterative, and each container is visited once.
+
+    Raises:
+        InvalidInput: naming the path of the first offending value.
+    """
+    stack: list[tuple[Any, str]] = [(data, root)]
+    seen: set[int] = set()
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, dict | list):
+            if id(value) in seen:
+                continue
+            seen.add(id(value))
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                if isinstance(k, str):
+                    _check_text(k, path or "body")
+                sub = (
+                    f"{path}[{k}]" if isinstance(value, list) else f"{path}.{k}" if path else str(k)
+                )
+                stack.append((v, sub))
+        elif isinstance(value, str):
+            _check_text(value, path or "body")
+        elif isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+            raise InvalidInput(
+                f"{value} is outside the 32-bit integers [{INT_MIN}, {INT_MAX}]",
+                field=path or "body",
+            )
+
+
+def _check_text(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise InvalidInput("text must not contain NUL characters", field=path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            "text must be valid Unicode (an unpaired surrogate)", field=path
+        ) from None

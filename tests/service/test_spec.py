@@ -212,3 +212,18 @@ def test_load_spec_and_examples_parse(tmp_path):
     with pytest.raises(InvalidInput) as exc:
         load_spec(tmp_path / "missing.yaml")
     assert exc.value.field == "spec"
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"name": "a\x00b", "parameters": {}}, "name"),
+        ({"name": "ok", "tags": ["x\ud800"], "parameters": {}}, "tags[0]"),
+        ({"name": "ok", "priority": 2**40, "parameters": {}}, "priority"),
+        ({"name": "ok", "parameters": {"record_every": 2**63}}, "parameters.record_every"),
+    ],
+)
+def test_values_no_database_can_store_are_refused(data, field):
+    with pytest.raises(InvalidInput) as exc:
+        parse_spec(data)
+    assert exc.value.field == field
