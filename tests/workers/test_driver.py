@@ -10,8 +10,8 @@ import threading
 import time
 
 import numpy as np
-import pandas as pd
 import pytest
+from expected_rows import expected_keys, row_keys
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
 from service.settings import Settings
@@ -367,22 +367,7 @@ def run_spec(store, spec: dict, **kw):
 
 def stored_keys(store, sweep_id):
     frame = store.read_metrics(sweep_id)
-    layer = [None if pd.isna(v) else int(v) for v in frame.layer]
-    return frame, set(zip(frame.trial_id, frame.epoch, frame.metric, layer, strict=True))
-
-
-def expected_keys(trials, depth_of, epochs_of, norm="batch"):
-    keys = set()
-    for t in trials:
-        L = depth_of(t)
-        for e in range(epochs_of(t) + 1):
-            for m in SCALAR_METRICS:
-                keys.add((t.id, e, m, None))
-            for m in LAYER_METRICS:
-                if m == "isometry_gap/norm" and norm == "none":
-                    continue
-                keys.update((t.id, e, m, ell) for ell in range(1, L + 1))
-    return keys
+    return frame, set(row_keys(frame))
 
 
 @pytest.mark.ray
@@ -414,7 +399,7 @@ def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_loc
         assert {(t.status, t.attempts, t.epochs_done) for t in trials} == {("completed", 1, 3)}
         frame, keys = stored_keys(store, info.id)
         assert len(frame) == len(keys)  # no row twice
-        assert keys == expected_keys(trials, lambda t: t.config["depth"], lambda t: 2)
+        assert keys == expected_keys(trials)
         assert devices == {t.id: "cpu" for t in trials}
         assert sorted(p["trial_id"] for p in handed) == sorted(t.id for t in trials)
         for p in handed:

@@ -13,10 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
+from expected_rows import expected_keys, row_keys
 
-from service.config import LAYER_METRICS, SCALAR_METRICS
 from service.spec import parse_spec
 from service.store import Store
 from workers.runner import Runner
@@ -40,21 +39,6 @@ def wait_until(condition, timeout_s, what, proc=None):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(0.2)
-
-
-def row_keys(frame: pd.DataFrame) -> list[tuple]:
-    layer = [None if pd.isna(v) else int(v) for v in frame.layer]
-    return list(zip(frame.trial_id, frame.epoch, frame.metric, layer, strict=True))
-
-
-def expected_keys(trials) -> set[tuple]:
-    keys = set()
-    for t in trials:
-        for e in range(t.config["epochs"] + 1):
-            keys.update((t.id, e, m, None) for m in SCALAR_METRICS)
-            for m in LAYER_METRICS:
-                keys.update((t.id, e, m, ell) for ell in range(1, t.config["depth"] + 1))
-    return keys
 
 
 # --- the CLI --------------------------------------------------------------------------------------
