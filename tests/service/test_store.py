@@ -1,4 +1,3 @@
-
 """The store's sweeps and trials on SQLite and Postgres: migrations, creation, reuse of stored
 results, cancel, claims and leases, the finish rule, trial filters and paging."""
 
