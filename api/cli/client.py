@@ -1,0 +1,472 @@
+"""`isosweep submit | status | cancel | results | plot`: the REST API's client (docs/api.md).
+
+    isosweep submit examples/demo.yaml --wait      # a progress bar until the sweep finishes
+    isosweep status 3                              # counts, progress, ETA and the trials
+    isosweep results 3 --metric grad_norm --layer 1 --epoch 0 --aggregate --csv -o grad.csv
+    isosweep plot 3 depth_scaling --group-by init -o grad.png
+
+The server is --api-url (default ISOSWEEP_API_URL, else http://127.0.0.1:8000); a token in
+ISOSWEEP_API_TOKEN is sent as `Authorization: Bearer …`. A server error prints its message in
+red and exits 1; exit codes of `submit --wait`: 0 completed, 1 failed, 2 cancelled, 130 when
+the wait is interrupted (the sweep runs on). httpx is imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+
+from api.cli.common import CommandError, err, out
+from api.cli.run import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, format_eta
+
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+PREFIX = "/api/v1"
+FINISHED = ("completed", "cancelled", "failed")
+STATUS_STYLE = {
+    "queued": "dim", "running": "blue", "completed": "green", "diverged": "dark_orange",
+    "failed": "red", "cancelled": "yellow",
+}  # fmt: skip
+TABLE_ROWS = 50  # rows a table shows unless --limit says otherwise
+LEFT = frozenset({"name", "status", "trials", "activation", "norm", "order", "init", "dataset",
+                  "optimizer", "metric", "error"})  # fmt: skip
+
+
+# --- talking to the API -----------------------------------------------------------------------
+
+
+class Api:
+    """An httpx client for /api/v1 that turns every failure into a CommandError: the server's
+    own message for an error answer, the URL for a server that cannot be reached."""
+
+    def __init__(self, url: str | None, *, timeout: float = 60.0):
+        import httpx
+
+        self.url = (url or os.environ.get("ISOSWEEP_API_URL") or DEFAULT_API_URL).rstrip("/")
+        self.url = self.url.removesuffix(PREFIX)  # either spelling of the base works
+        token = os.environ.get("ISOSWEEP_API_TOKEN") or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=self.url + PREFIX, headers=headers, timeout=timeout)
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def request(self, method: str, path: str, **kw: Any):
+        with self.reaching():
+            r = self.client.request(method, path, **kw)
+        if r.status_code >= 400:
+            raise CommandError(error_message(r))
+        return r
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def download(self, path: str, params: dict[str, Any], sink: Any) -> Any:
+        """GET streamed into `sink` (a binary file) chunk by chunk; returns the response."""
+        with self.reaching(), self.client.stream("GET", path, params=params) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise CommandError(error_message(r))
+            for chunk in r.iter_bytes():
+                sink.write(chunk)
+            return r
+
+    @contextmanager
+    def reaching(self) -> Iterator[None]:
+        """Transport failures as CommandErrors that name the server's URL."""
+        import httpx
+
+        try:
+            yield
+        except httpx.ConnectError as exc:
+            raise CommandError(
+                f"cannot connect to the isosweep API at {escape(self.url)} ({escape(str(exc))}); "
+                "is `isosweep serve` running there? Set --api-url or ISOSWEEP_API_URL"
+            ) from None
+        except httpx.TimeoutException:
+            raise CommandError(f"the API at {escape(self.url)} did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise CommandError(f"talking to {escape(self.url)}: {escape(str(exc))}") from None
+
+    def json(self, method: str, path: str, **kw: Any) -> Any:
+        return self.request(method, path, **kw).json()
+
+
+def error_message(r: Any) -> str:
+    """The API's `{"error": {"type", "message", …}}` as one line (markup-escaped)."""
+    try:
+        message = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = r.text.strip()[:300] or r.reason_phrase
+    hint = ""
+    if r.status_code == 401:
+        hint = " (set ISOSWEEP_API_TOKEN to the server's token)"
+    return f"{escape(str(message))} (HTTP {r.status_code}){hint}"
+
+
+# --- the sub-commands -------------------------------------------------------------------------
+
+
+def register(subparsers) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--api-url",
+        help=f"the server (default ISOSWEEP_API_URL, else {DEFAULT_API_URL}); "
+        "the token comes from ISOSWEEP_API_TOKEN",
+    )
+    common.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+
+    p = subparsers.add_parser("submit", parents=[common], help="submit a sweep spec to the API")
+    p.add_argument("spec", type=Path, metavar="SPEC", help="sweep spec file (.yaml or .json)")
+    p.add_argument("--wait", action="store_true", help="show progress until the sweep finishes")
+    p.add_argument("--rerun", action="store_true", help="run trials even if results are stored")
+    p.add_argument("--poll-s", type=float, default=1.0, help="--wait polls this often (s)")
+    p.set_defaults(func=submit)
+
+    p = subparsers.add_parser("status", parents=[common], help="sweeps, or one sweep's trials")
+    p.add_argument("sweep", nargs="?", type=int, metavar="SWEEP", help="a sweep id")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument("--limit", type=int, default=TABLE_ROWS, help="rows shown (default 50)")
+    p.set_defaults(func=status)
+
+    p = subparsers.add_parser("cancel", parents=[common], help="cancel a sweep")
+    p.add_argument("sweep", type=int, metavar="SWEEP")
+    p.set_defaults(func=cancel)
+
+    p = subparsers.add_parser(
+        "results",
+        parents=[common],
+        help="a sweep's metrics: table, CSV or JSON",
+        description="Tidy rows (trial_id, swept config fields, epoch, metric, layer, value) of a "
+        "sweep, or with --aggregate mean, std, ci95, count and n_finite over seeds. NaN and ±inf "
+        "are values (CSV: NaN, Infinity, -Infinity).",
+    )
+    p.add_argument("sweep", type=int, metavar="SWEEP")
+    p.add_argument("--metric", action="append", metavar="M", help="a metric (repeatable)")
+    p.add_argument("--epoch", action="append", metavar="N|last", help="an epoch, or last")
+    p.add_argument("--layer", action="append", type=int, metavar="L", help="a layer ℓ ≥ 1")
+    p.add_argument("--where", action="append", metavar="K=V", help="config filter (repeatable)")
+    p.add_argument("--aggregate", action="store_true", help="mean and 95%% CI over seeds")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV (every row) instead of a table")
+    fmt.add_argument("--json", action="store_true", help="JSON {data, count, columns}")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (CSV default)")
+    p.add_argument("--limit", type=int, help="at most this many rows (table: 50)")
+    p.set_defaults(func=results)
+
+    p = subparsers.add_parser("plot", parents=[common], help="save a plot of a sweep (PNG, SVG)")
+    p.add_argument("sweep", type=int, metavar="SWEEP")
+    p.add_argument("kind", metavar="KIND", help="layer_profile, depth_scaling, training_curves, "
+                   "heatmap or theory_overlay")  # fmt: skip
+    p.add_argument("--metric", action="append", metavar="M", help="repeatable (training_curves)")
+    p.add_argument("--x", help="the x axis: a config field, epoch or layer")
+    p.add_argument("--group-by", help="one line (or heatmap row) per value of")
+    p.add_argument("--epoch", metavar="N|last", help="a recorded epoch, or last")
+    p.add_argument("--layer", type=int, metavar="L", help="layer ℓ ≥ 1, or −k from the end")
+    p.add_argument("--trial", type=int, metavar="T", help="draw only this trial")
+    p.add_argument("--where", action="append", metavar="K=V", help="config filter (repeatable)")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+                   help="default sweep-SWEEP-KIND.FORMAT; - for stdout")  # fmt: skip
+    p.add_argument("--format", choices=("png", "svg"), help="default from -o, else png")
+    p.set_defaults(func=plot)
+
+
+def submit(args: argparse.Namespace) -> int:
+    body, media = read_spec(args.spec, rerun=args.rerun)
+    with Api(args.api_url, timeout=args.timeout) as api:
+        sweep = api.json("POST", "/sweeps", content=body, headers={"Content-Type": media})
+        reused = sweep["counts"]["completed"] + sweep["counts"]["diverged"]
+        out.print(
+            f"sweep [bold]{sweep['id']}[/] ({escape(sweep['name'])}): {sweep['n_trials']} trials"
+            + (f", {reused} with stored results" if reused else "")
+        )
+        out.print(f"follow it: isosweep status {sweep['id']} · {api.url}/sweeps/{sweep['id']}")
+        if not args.wait:
+            return 0
+        try:
+            sweep = wait(api, sweep, poll_s=args.poll_s)
+        except KeyboardInterrupt:
+            err.print(
+                f"stopped waiting; sweep {sweep['id']} runs on (isosweep cancel {sweep['id']})"
+            )
+            return EXIT_INTERRUPTED
+    print_outcome(sweep)
+    return {"completed": EXIT_COMPLETED, "cancelled": EXIT_CANCELLED}.get(
+        sweep["status"], EXIT_FAILED
+    )
+
+
+def read_spec(path: Path, *, rerun: bool) -> tuple[bytes, str]:
+    """The spec file's bytes and media type; with --rerun, the spec with `rerun: true`."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CommandError(f"cannot read {escape(str(path))}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CommandError(f"{escape(str(path))} is not UTF-8 text") from None
+    media = "application/json" if path.suffix.lower() == ".json" else "application/yaml"
+    if not rerun:
+        return text.encode(), media
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CommandError(f"{escape(str(path))} is not YAML or JSON: {escape(str(exc))}") from None
+    if not isinstance(data, dict):
+        raise CommandError(f"{escape(str(path))}: a sweep spec is a mapping (name, parameters, …)")
+    return json.dumps({**data, "rerun": True}, default=str).encode(), "application/json"
+
+
+def wait(api: Api, sweep: dict[str, Any], *, poll_s: float) -> dict[str, Any]:
+    """Poll the sweep until it finishes, with a progress bar on stderr: trials done/total,
+    recorded epochs (as a share of those expected) and the server's ETA."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn(f"[bold]sweep {sweep['id']}"),
+        BarColumn(),
+        TextColumn("trials {task.fields[trials]}"),
+        TextColumn("epochs {task.fields[epochs]}"),
+        TextColumn("ETA {task.fields[eta]}"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("", total=1.0, trials="…", epochs="…", eta="…")
+        while True:
+            done = sum(n for s, n in sweep["counts"].items() if s not in ("queued", "running"))
+            bar.update(
+                task,
+                completed=sweep["progress"],
+                trials=f"{done}/{sweep['n_trials']}",
+                epochs=f"{sweep['progress']:.0%}",
+                eta=format_eta(sweep["eta_s"]) if sweep["status"] == "running" else sweep["status"],
+            )
+            if sweep["status"] in FINISHED:
+                return sweep
+            time.sleep(poll_s)
+            sweep = api.json("GET", f"/sweeps/{sweep['id']}")
+
+
+def status(args: argparse.Namespace) -> int:
+    with Api(args.api_url, timeout=args.timeout) as api:
+        if args.sweep is None:
+            page = api.json("GET", "/sweeps", params={"limit": args.limit})
+            if args.json:
+                return print_json(page)
+            return print_sweeps(page)
+        sweep = api.json("GET", f"/sweeps/{args.sweep}")
+        if args.json:
+            return print_json(sweep)
+        trials = api.json("GET", f"/sweeps/{args.sweep}/trials", params={"limit": args.limit})
+    print_sweep(sweep)
+    print_trials(sweep, trials)
+    return 0
+
+
+def cancel(args: argparse.Namespace) -> int:
+    with Api(args.api_url, timeout=args.timeout) as api:
+        sweep = api.json("POST", f"/sweeps/{args.sweep}/cancel")
+    if sweep["status"] == "running":
+        out.print(f"sweep {sweep['id']}: cancel requested; its running trials stop soon")
+    else:
+        out.print(f"sweep {sweep['id']}: {styled(sweep['status'])}")
+    return 0
+
+
+def results(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {**filters(args.where), "aggregate": str(args.aggregate).lower()}
+    params |= {"metric": args.metric or [], "epoch": args.epoch or [], "layer": args.layer or []}
+    kind = "json" if args.json else "csv" if args.csv or args.output else "table"
+    if kind == "csv":
+        return save_csv(args, {**params, "format": "csv"})
+    limit = args.limit or (TABLE_ROWS if kind == "table" else None)
+    with Api(args.api_url, timeout=args.timeout) as api:
+        page = fetch_rows(api, args.sweep, params, limit)
+    if kind == "json":
+        text = json.dumps(page, ensure_ascii=False)
+        if args.output:
+            args.output.write_text(text + "\n", encoding="utf-8")
+            err.print(f"wrote {len(page['data'])} rows to {escape(str(args.output))}")
+        else:
+            print(text)
+        return 0
+    print_rows(page)
+    return 0
+
+
+def plot(args: argparse.Namespace) -> int:
+    fmt = args.format or ("svg" if args.output and args.output.suffix.lower() == ".svg" else "png")
+    params: dict[str, Any] = {**filters(args.where), "format": fmt, "metric": args.metric or []}
+    given = {"x": args.x, "group_by": args.group_by, "epoch": args.epoch, "layer": args.layer}
+    params |= {k: v for k, v in {**given, "trial": args.trial}.items() if v is not None}
+    with Api(args.api_url, timeout=args.timeout) as api:
+        image = api.get(f"/sweeps/{args.sweep}/plots/{args.kind}", params=params).content
+    if str(args.output) == "-":
+        sys.stdout.buffer.write(image)
+        return 0
+    path = args.output or Path(f"sweep-{args.sweep}-{args.kind}.{fmt}")
+    path.write_bytes(image)
+    out.print(f"wrote {escape(str(path))} ({len(image):,} bytes, {fmt})")
+    return 0
+
+
+# --- pieces -----------------------------------------------------------------------------------
+
+
+def filters(items: list[str] | None) -> dict[str, list[str]]:
+    """--where k=v … → {k: [v, …]} (the API validates the fields and values)."""
+    out_: dict[str, list[str]] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise CommandError(f"--where expects key=value, got {escape(repr(item))}", code=2)
+        out_.setdefault(key.strip(), []).append(value.strip())
+    return out_
+
+
+def fetch_rows(api: Api, sweep_id: int, params: dict[str, Any], limit: int | None) -> dict:
+    """JSON rows, page by page (the API sends at most 10,000 per page), up to `limit`."""
+    rows: list[dict] = []
+    while True:
+        want = 10_000 if limit is None else min(10_000, limit - len(rows))
+        page = api.json("GET", f"/sweeps/{sweep_id}/metrics",
+                        params={**params, "offset": len(rows), "limit": want})  # fmt: skip
+        rows += page["data"]
+        full = len(rows) >= page["count"] or (limit is not None and len(rows) >= limit)
+        if full or not page["data"]:
+            return {"data": rows, "count": page["count"], "columns": page["columns"]}
+
+
+def save_csv(args: argparse.Namespace, params: dict[str, Any]) -> int:
+    """Stream the API's CSV (every row, or --limit) to -o FILE or stdout."""
+    if args.limit:
+        params["limit"] = args.limit
+    path = f"/sweeps/{args.sweep}/metrics"
+    with Api(args.api_url, timeout=args.timeout) as api:
+        if not args.output:
+            api.download(path, params, sys.stdout.buffer)
+            sys.stdout.flush()
+            return 0
+        with open(args.output, "wb") as sink:
+            r = api.download(path, params, sink)
+    rows = r.headers.get("X-Total-Count", "?")
+    err.print(f"wrote {escape(str(args.output))} ({rows} rows)")
+    return 0
+
+
+def number(value: Any) -> str:
+    """A cell: finite floats to 6 significant digits; the API's "NaN"/"Infinity" spellings
+    printed as nan / inf / -inf (values, highlighted)."""
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+        word = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}[value]
+        return f"[magenta]{word}[/]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "-" if value is None else escape(str(value))
+
+
+def styled(status: str) -> str:
+    return f"[{STATUS_STYLE.get(status, '')}]{status}[/]"
+
+
+def print_json(data: Any) -> int:
+    print(json.dumps(data, ensure_ascii=False, indent=2))
+    return 0
+
+
+def table(title: str | None, columns: list[str]):
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in columns:
+        t.add_column(name, justify="left" if name in LEFT else "right")
+    return t
+
+
+def print_sweeps(page: dict[str, Any]) -> int:
+    if not page["data"]:
+        out.print("no sweeps yet (isosweep submit SPEC.yaml)")
+        return 0
+    t = table(None, ["id", "name", "status", "done", "trials", "progress", "ETA", "created"])
+    for s in page["data"]:
+        done = sum(n for k, n in s["counts"].items() if k not in ("queued", "running"))
+        t.add_row(
+            str(s["id"]), escape(s["name"]), styled(s["status"]), f"{done}/{s['n_trials']}",
+            counts_text(s["counts"]), f"{s['progress']:.0%}",
+            format_eta(s["eta_s"]) if s["status"] == "running" else "",
+            s["created_at"][:19].replace("T", " "),
+        )  # fmt: skip
+    out.print(t)
+    if page["count"] > len(page["data"]):
+        out.print(f"… {page['count'] - len(page['data'])} older sweeps (--limit)")
+    return 0
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """ "3 completed, 1 running": the statuses that have trials, coloured."""
+    return ", ".join(f"{n} {styled(k)}" for k, n in counts.items() if n)
+
+
+def print_outcome(s: dict[str, Any]) -> None:
+    line = f"sweep {s['id']}: [bold]{styled(s['status'])}[/] ({counts_text(s['counts'])})"
+    out.print(line + (f" — {escape(s['error'])}" if s["error"] else ""))
+
+
+def print_sweep(s: dict[str, Any]) -> None:
+    out.print(f"sweep [bold]{s['id']}[/] ({escape(s['name'])}): {styled(s['status'])}")
+    out.print(f"  trials    {s['n_trials']}: {counts_text(s['counts'])}")
+    eta = f", ETA {format_eta(s['eta_s'])}" if s["status"] == "running" else ""
+    out.print(f"  progress  {s['progress']:.1%}{eta}")
+    for key in ("created_at", "started_at", "finished_at"):
+        if s[key]:
+            out.print(f"  {key.removesuffix('_at'):<9} {s[key][:19].replace('T', ' ')} UTC")
+    if s["cancel_requested"] and s["status"] == "running":
+        out.print("  [yellow]cancel requested[/]")
+    if s["error"]:
+        out.print(f"  [red]{escape(s['error'])}[/]")
+
+
+def print_trials(sweep: dict[str, Any], page: dict[str, Any]) -> None:
+    params = sweep["spec"].get("parameters", {})
+    fields = [k for k, v in params.items() if isinstance(v, list)] + ["seed"]
+    metrics = ["train_loss", "test_loss", "test_acc"]
+    t = table(None, ["trial", *fields, "status", "epoch", *metrics, "diverged", "error"])
+    for tr in page["data"]:
+        epoch = "-" if tr["last_epoch"] is None else str(tr["last_epoch"])
+        t.add_row(
+            str(tr["id"]), *(escape(str(tr["config"].get(f))) for f in fields),
+            styled(tr["status"]) + ("*" if tr["results_from"] else ""),
+            f"{epoch}/{tr['config']['epochs']}",
+            *(number(tr["summary"].get(m)) for m in metrics),
+            "" if tr["diverged_epoch"] is None else str(tr["diverged_epoch"]),
+            escape((tr["error"] or "")[:60]),
+        )  # fmt: skip
+    out.print(t)
+    if page["count"] > len(page["data"]):
+        out.print(f"… and {page['count'] - len(page['data'])} more trials (--limit)")
+
+
+def print_rows(page: dict[str, Any]) -> None:
+    if not page["data"]:
+        out.print("no rows match")
+        return
+    t = table(None, page["columns"])
+    for row in page["data"]:
+        t.add_row(*(number(row[c]) for c in page["columns"]))
+    out.print(t)
+    if page["count"] > len(page["data"]):
+        shown = len(page["data"])
+        out.print(f"{shown} of {page['count']} rows; --csv (or --limit) for all of them")

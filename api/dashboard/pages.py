@@ -1,0 +1,263 @@
+"""The dashboard's pages, rendered on the server from the store (Jinja2, autoescaped), with a
+small script (static/dashboard.js) that polls the JSON API while something runs and swaps the
+changed parts of the page in place. Nothing is loaded from another host (see CSP below).
+
+    /                 sweeps: status, trial counts, progress, ETA
+    /sweeps/{id}      one sweep: header, plots, downloads, trials table (filter, sort, pages)
+    /trials/{id}      one trial: config, last epoch's metrics, its plots
+    /static/…         dashboard.css, dashboard.js
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from api.dashboard import views as v
+from api.errors import status_of
+from service import __version__
+from service.config import METRICS, SCALAR_METRICS
+from service.errors import InvalidInput, IsosweepError, NotFound
+from service.plots import PLOT_KINDS
+
+HERE = Path(__file__).resolve().parent
+INT32_MAX = 2**31 - 1
+
+router = APIRouter(include_in_schema=False)
+router.mount("/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
+
+env = Environment(
+    loader=FileSystemLoader(HERE / "templates"),
+    autoescape=True,  # every value is escaped unless it is Markup built by views.number
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+env.filters |= {
+    "num": v.number, "duration": v.duration, "when": v.when, "percent": v.percent, "cfg": v.shown,
+}  # fmt: skip
+env.globals |= {"url": v.url, "API": v.API, "version": __version__, "STATUSES": v.TRIAL_STATUSES}
+
+# Only this origin; blob: for plots re-fetched by the script; data: for the empty favicon.
+CSP = (
+    "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; script-src 'self'; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; "
+    "form-action 'self'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "Cache-Control": "no-store",  # the back button shows the current state, not a stale one
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def render(template: str, http_status: int = 200, **context: Any) -> HTMLResponse:
+    html = env.get_template(template).render(**context)
+    return HTMLResponse(html, status_code=http_status, headers=HEADERS)
+
+
+def shown(page: Callable[..., HTMLResponse]) -> Callable[..., HTMLResponse]:
+    """A domain error on a page becomes an HTML page with the API's status for it and the
+    message (a 404 for a missing sweep, a 422 naming a bad parameter, …)."""
+
+    @wraps(page)
+    def wrapper(*args: Any, **kwargs: Any) -> HTMLResponse:
+        try:
+            return page(*args, **kwargs)
+        except IsosweepError as exc:
+            code = status_of(exc)
+            return render("error.html", code, code=code, message=exc.message, title=str(code))
+
+    return wrapper
+
+
+def query_of(request: Request) -> dict[str, list[str]]:
+    query: dict[str, list[str]] = {}
+    for k, value in request.query_params.multi_items():
+        query.setdefault(k, []).append(value)
+    return query
+
+
+def parse_id(text: str, what: str) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= INT32_MAX:
+        raise NotFound(f"no {what} with id {text!r}")
+    return int(text)
+
+
+# --- pages ------------------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+@shown
+def index(request: Request) -> HTMLResponse:
+    """Every sweep, newest first: status, trial counts, progress and ETA."""
+    store = request.app.state.store
+    query = query_of(request)
+    status = v.param(query, "status") or None
+    if status is not None and status not in v.SWEEP_STATUSES:
+        raise InvalidInput(f"unknown value {status!r}", field="status", allowed=v.SWEEP_STATUSES)
+    page = v.page_number(query)
+    size = min(v.PAGE_SIZE, store.settings.max_page_size)
+    sweeps, total = store.list_sweeps(status=status, offset=(page - 1) * size, limit=size)
+    return render(
+        "index.html",
+        title="sweeps",
+        page_link=lambda n: v.url("/", {"status": status, "page": n}),
+        sweeps=sweeps,
+        total=total,
+        status=status,
+        statuses=v.SWEEP_STATUSES,
+        pages=v.pages(total, page, size),
+        active=any(s.status in v.ACTIVE for s in sweeps),
+        poll=v.url(
+            f"{v.API}/sweeps",
+            {"status": status, "offset": (page - 1) * size or None, "limit": size},
+        ),
+        counts=v.counts_text,
+        done=v.trials_done,
+    )
+
+
+@router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
+@shown
+def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
+    """One sweep: its state, plots, downloads and trials."""
+    store = request.app.state.store
+    sweep = store.get_sweep(parse_id(sweep_id, "sweep"))
+    query = query_of(request)
+    swept = v.axes(sweep.spec)
+    table = v.table_query(query, list(swept))
+    plot = v.plot_choice(query, swept, sweep.spec)
+    rows, total, size = table_rows(store, sweep.id, table)
+    path = f"/sweeps/{sweep.id}"
+    return render(
+        "sweep.html",
+        title=f"sweep {sweep.id}: {sweep.name}",
+        sweep=sweep,
+        path=path,
+        swept=swept,
+        fixed=v.fixed(sweep.spec),
+        table=table,
+        rows=rows,
+        total=total,
+        pages=v.pages(total, table.page, size),
+        page_link=lambda n: v.url(path, table.params(page=n) | plot),
+        header=sort_header(path, table, list(swept), plot),
+        columns=v.SUMMARY_COLUMNS,
+        plot=plot,
+        plot_src=v.plot_url(sweep.id, plot, table.where),
+        plot_png=v.plot_url(sweep.id, plot, table.where, fmt="png"),
+        quick=[
+            (k, v.url(path, table.params() | v.default_plot(k, swept, sweep.spec)))
+            for k in PLOT_KINDS
+        ],
+        keep_table=v.pairs(table.params()),
+        keep_plot=v.pairs(plot),
+        kinds=PLOT_KINDS,
+        takes=v.PLOT_TAKES,
+        options=v.plot_options(list(swept)),
+        metrics=METRICS,
+        downloads=downloads(
+            sweep.id, table.where, plot.get("metric"), store.settings.max_page_size
+        ),
+        token_required=bool(request.app.state.settings.api_token),
+        active=sweep.status in v.ACTIVE,
+        counts=v.counts_text,
+        done=v.trials_done,
+        text_of=v.text_of,
+    )
+
+
+@router.get("/trials/{trial_id}", response_class=HTMLResponse)
+@shown
+def trial_page(request: Request, trial_id: str) -> HTMLResponse:
+    """One trial: config, state, last epoch's scalar metrics and its plots."""
+    store = request.app.state.store
+    trial = store.get_trial(parse_id(trial_id, "trial"))
+    sweep = store.get_sweep(trial.sweep_id)
+    swept = v.axes(sweep.spec)
+    own = {k: trial.config.get(k) for k in swept}  # its point of the sweep: selects it alone
+    plots = [
+        {"kind": "layer_profile", "metric": "isometry_gap/act"},
+        {"kind": "layer_profile", "metric": "grad_norm"},
+        {"kind": "training_curves"},
+    ]
+    return render(
+        "trial.html",
+        title=f"trial {trial.id} of sweep {sweep.id}",
+        trial=trial,
+        sweep=sweep,
+        swept=swept,
+        config=sorted(trial.config.items(), key=lambda kv: (kv[0] not in swept, kv[0])),
+        scalars=[(m, trial.summary.get(m)) for m in SCALAR_METRICS],
+        plots=[v.plot_url(sweep.id, p, trial=trial.id) for p in plots],
+        csv=v.url(f"{v.API}/sweeps/{sweep.id}/metrics", {**own, "format": "csv"}),
+        active=trial.status in v.ACTIVE,
+    )
+
+
+# --- parts ------------------------------------------------------------------------------------
+
+
+def sort_header(
+    path: str, table: v.TableQuery, axis_names: list[str], plot: dict[str, Any]
+) -> list[tuple[str, str, str]]:
+    """(label, href, state) of each trials-table column: a click sorts by it, a second click
+    reverses; state is "asc", "desc" or ""."""
+    labels = {"index": "trial", "epoch": "epoch", "diverged": "diverged at", "error": "error"}
+    out = []
+    for col in v.sort_columns(axis_names):
+        state = ("desc" if table.desc else "asc") if table.sort == col else ""
+        flip = "asc" if state == "desc" else "desc" if state == "asc" else None
+        href = v.url(path, table.params(sort=col, dir=flip, page=None) | plot)
+        out.append((labels.get(col, col), href, state))
+    return out
+
+
+def table_rows(store: Any, sweep_id: int, q: v.TableQuery) -> tuple[list[Any], int, int]:
+    """One page of the trials table, and the number of trials matching. The store pages in
+    expansion order itself; any other order reads every matching trial (a sweep holds at most
+    ISOSWEEP_MAX_TRIALS_PER_SWEEP) and sorts them here."""
+    size = min(v.PAGE_SIZE, store.settings.max_page_size)
+    offset = (q.page - 1) * size
+    kw = {"status": q.status, "where": q.where}
+    if q.sort == "index" and not q.desc:
+        rows, total = store.list_trials(sweep_id, offset=offset, limit=size, **kw)
+        return rows, total, size
+    every: list[Any] = []
+    chunk = store.settings.max_page_size
+    while True:
+        part, total = store.list_trials(sweep_id, offset=len(every), limit=chunk, **kw)
+        every += part
+        if not part or len(every) >= total:
+            break
+    ordered = v.sort_trials(every, q.sort, q.desc)
+    return ordered[offset : offset + size], len(ordered), size
+
+
+def downloads(
+    sweep_id: int, where: dict[str, list[str]], metric: str | None, max_page: int
+) -> list[tuple[str, str]]:
+    """(label, href) of the sweep's CSV files (and its trials as JSON, as many as one page of
+    the API holds), with the page's config filters."""
+    base = f"{v.API}/sweeps/{sweep_id}/metrics"
+    csv = {**where, "format": "csv"}
+    links = [
+        ("every metric, every epoch (CSV)", v.url(base, csv)),
+        ("last epoch of each trial (CSV)", v.url(base, {**csv, "epoch": "last"})),
+        ("mean, std, 95% CI over seeds (CSV)", v.url(base, {**csv, "aggregate": True})),
+    ]
+    if metric:
+        links.append((f"{metric} only (CSV)", v.url(base, {**csv, "metric": metric})))
+    links.append(
+        ("trials (JSON)", v.url(f"{v.API}/sweeps/{sweep_id}/trials", {**where, "limit": max_page}))
+    )
+    return links

@@ -1,0 +1,206 @@
+// The isosweep dashboard's only script. The pages are complete without it (rendered on the
+// server); it adds: polling the JSON API while something runs and swapping the page's live
+// parts in place, plots re-drawn as results arrive (with the server's message when a plot
+// cannot be drawn), the cancel button, and greying out plot options the kind ignores.
+// No dependencies, nothing from other hosts.
+"use strict";
+
+(function () {
+  const POLL_MS = 2000; // while a sweep or trial on the page is queued or running
+  const IDLE_POLL_MS = 10000; // the sweeps list, so that new submissions appear
+  const PLOT_EVERY_MS = 6000; // re-draw plots at most this often while results stream in
+  const body = document.body;
+  let version = null; // what the last poll saw; a change re-renders the live parts
+  let timer = null;
+  let failures = 0;
+  let plotsAt = 0;
+
+  // --- polling ---------------------------------------------------------------------------------
+
+  function active() {
+    return document.querySelector("[data-live][data-active='true']") !== null;
+  }
+
+  function setNote(text) {
+    const note = document.getElementById("live-note");
+    if (note) note.textContent = text;
+  }
+
+  // The fields of the API's answer that change what the page shows (not the ETA's ticking).
+  function versionOf(data) {
+    const items = Array.isArray(data.data) ? data.data : [data];
+    const keys = items.map((x) => [
+      x.id, x.status, x.counts, x.progress, x.cancel_requested, x.epochs_done, x.last_epoch,
+      x.attempts, x.error,
+    ]);
+    return JSON.stringify([data.count, keys]);
+  }
+
+  async function poll() {
+    timer = null;
+    if (!document.hidden) {
+      try {
+        const r = await fetch(body.dataset.poll, {
+          headers: { Accept: "application/json" },
+          cache: "no-store",
+        });
+        if (!r.ok) throw new Error("HTTP " + r.status);
+        const seen = versionOf(await r.json());
+        if (seen !== version) await refresh(version === null);
+        version = seen;
+        failures = 0;
+        setNote(active() ? "live" : "");
+      } catch (e) {
+        failures += 1;
+        setNote("cannot reach the server; retrying…");
+      }
+    }
+    schedule();
+  }
+
+  function schedule() {
+    if (timer !== null) clearTimeout(timer);
+    timer = null;
+    if (!body.dataset.poll) return;
+    if (active() || failures) {
+      timer = setTimeout(poll, POLL_MS * Math.min(1 + failures, 5));
+    } else if (body.dataset.page === "index") {
+      timer = setTimeout(poll, IDLE_POLL_MS);
+    }
+  }
+
+  // Fetch this page again and put its fresh live parts where the old ones are.
+  async function refresh(first) {
+    const r = await fetch(location.href, { headers: { Accept: "text/html" }, cache: "no-store" });
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const doc = new DOMParser().parseFromString(await r.text(), "text/html");
+    for (const old of document.querySelectorAll("[data-live]")) {
+      const fresh = old.id ? doc.getElementById(old.id) : null;
+      if (fresh) old.replaceWith(document.importNode(fresh, true));
+    }
+    const cancel = document.getElementById("cancel");
+    if (cancel && !active()) cancel.hidden = true;
+    const now = Date.now();
+    if (!first && (now - plotsAt > PLOT_EVERY_MS || !active())) {
+      plotsAt = now;
+      document.querySelectorAll("img[data-plot]").forEach(reloadPlot);
+    }
+  }
+
+  // --- plots -----------------------------------------------------------------------------------
+
+  async function errorText(r) {
+    try {
+      const data = await r.json();
+      return data.error.message;
+    } catch (e) {
+      return "HTTP " + r.status;
+    }
+  }
+
+  function showPlotError(img, text) {
+    const caption = img.parentElement.querySelector(".plot-error");
+    if (!caption) return;
+    caption.textContent = text ? "This plot cannot be drawn: " + text : "";
+    caption.hidden = !text;
+    img.classList.toggle("broken", Boolean(text));
+  }
+
+  async function explainPlot(img) {
+    try {
+      const r = await fetch(img.dataset.src, { cache: "no-store" });
+      showPlotError(img, r.ok ? "the image did not load" : await errorText(r));
+    } catch (e) {
+      showPlotError(img, "cannot reach the server");
+    }
+  }
+
+  // Plot URLs take no cache-busting parameter (the API refuses unknown ones), so fetch the
+  // image anew and show it from a blob URL.
+  async function reloadPlot(img) {
+    try {
+      const r = await fetch(img.dataset.src, { cache: "no-store" });
+      if (!r.ok) return showPlotError(img, await errorText(r));
+      const old = img.dataset.blob;
+      img.dataset.blob = URL.createObjectURL(await r.blob());
+      img.src = img.dataset.blob;
+      if (old) URL.revokeObjectURL(old);
+      showPlotError(img, "");
+    } catch (e) {
+      /* the next refresh tries again */
+    }
+  }
+
+  function setupPlots() {
+    for (const img of document.querySelectorAll("img[data-plot]")) {
+      img.dataset.src = img.getAttribute("src");
+      img.addEventListener("error", () => explainPlot(img));
+      img.addEventListener("load", () => showPlotError(img, ""));
+      if (img.complete && img.naturalWidth === 0) explainPlot(img);
+    }
+  }
+
+  function setupPlotForm() {
+    const kind = document.querySelector("select[data-kind]");
+    if (!kind) return;
+    const update = () => {
+      const takes = (kind.selectedOptions[0].dataset.takes || "").split(" ");
+      for (const label of document.querySelectorAll(".plot-form [data-opt]")) {
+        const on = takes.includes(label.dataset.opt);
+        label.classList.toggle("off", !on);
+        for (const el of label.querySelectorAll("input, select")) el.disabled = !on;
+      }
+    };
+    kind.addEventListener("change", update);
+    update();
+  }
+
+  // --- cancel ----------------------------------------------------------------------------------
+
+  function setupCancel() {
+    const form = document.getElementById("cancel");
+    if (!form) return;
+    const token = form.querySelector("input[name=token]");
+    const message = form.querySelector(".cancel-msg");
+    if (token) token.value = sessionStorage.getItem("isosweep-token") || "";
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      if (!window.confirm("Cancel this sweep? Its stored results stay.")) return;
+      const headers = {};
+      if (token) {
+        headers.Authorization = "Bearer " + token.value;
+        sessionStorage.setItem("isosweep-token", token.value);
+      }
+      message.classList.remove("error");
+      try {
+        const r = await fetch(form.action, { method: "POST", headers: headers });
+        if (!r.ok) {
+          if (r.status === 401) sessionStorage.removeItem("isosweep-token");
+          message.textContent = await errorText(r);
+          message.classList.add("error");
+          return;
+        }
+        message.textContent = "cancel requested";
+        form.querySelector("button").disabled = true;
+        version = null;
+        await refresh(false);
+        schedule();
+      } catch (e) {
+        message.textContent = "cannot reach the server";
+        message.classList.add("error");
+      }
+    });
+  }
+
+  setupPlots();
+  setupPlotForm();
+  setupCancel();
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && timer !== null) {
+      clearTimeout(timer);
+      poll();
+    }
+  });
+  if (body.dataset.poll && active()) setNote("live");
+  schedule();
+})();

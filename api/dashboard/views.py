@@ -1,0 +1,301 @@
+"""What the dashboard's templates show, computed from the store's SweepInfo / TrialInfo: number
+and time formatting (NaN/±inf as NaN/∞/−∞), a sweep's axes, the trials table (filter, sort,
+page) and the plot choices with defaults that suit the sweep. No FastAPI here."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from markupsafe import Markup, escape
+
+from service.config import CONFIG_FIELDS, METRICS
+from service.errors import InvalidInput
+from service.plots import PLOT_KINDS
+
+SWEEP_STATUSES = ("queued", "running", "completed", "cancelled", "failed")
+TRIAL_STATUSES = ("queued", "running", "completed", "diverged", "failed", "cancelled")
+ACTIVE = frozenset({"queued", "running"})  # a page polls while something is in these
+PAGE_SIZE = 50  # rows of a trials or sweeps page
+SUMMARY_COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")
+API = "/api/v1"
+
+# The optional parameters each plot kind reads (service.plots renders an error for others).
+PLOT_TAKES: dict[str, tuple[str, ...]] = {
+    "layer_profile": ("x", "group_by", "epoch"),
+    "depth_scaling": ("x", "group_by", "epoch", "layer"),
+    "training_curves": ("x", "group_by", "layer"),
+    "heatmap": ("x", "group_by", "epoch", "layer"),
+    "theory_overlay": ("x", "group_by", "epoch", "layer"),
+}
+PLOT_OPTIONS = ("metric", "x", "group_by", "epoch", "layer")
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+
+def number(x: float | int | str | None, digits: int = 4) -> Markup:
+    """A value for a table cell: 4 significant digits; NaN, ∞ and −∞ in their own style (the
+    API spells them "NaN", "Infinity", "-Infinity"; those strings are accepted too)."""
+    if x is None:
+        return Markup('<span class="none">—</span>')
+    value = float(x)
+    if math.isnan(value):
+        return Markup('<span class="nonfinite" title="NaN">NaN</span>')
+    if math.isinf(value):
+        sign, word = ("", "+inf") if value > 0 else ("−", "−inf")
+        return Markup(f'<span class="nonfinite" title="{word}">{sign}∞</span>')
+    return escape(f"{value:.{digits}g}")
+
+
+def duration(seconds: float | None) -> str:
+    """An ETA or elapsed time a person reads at a glance: 42 s, 3 min, 1 h 20 min."""
+    if seconds is None or not math.isfinite(seconds):
+        return "—"
+    s = max(round(seconds), 0)
+    if s < 60:
+        return f"{s} s"
+    minutes = round(s / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    h, m = divmod(minutes, 60)
+    return f"{h} h {m} min" if m else f"{h} h"
+
+
+def when(t: datetime | None) -> str:
+    return "—" if t is None else t.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def percent(fraction: float) -> str:
+    # Floor, so that 100% means done (99.6% stays 99%).
+    return f"{math.floor(fraction * 100 + 1e-9):d}%"
+
+
+def url(path: str, params: Mapping[str, Any] | None = None) -> str:
+    """path?query with list values repeated and empty values left out."""
+    items = pairs(params)
+    return f"{path}?{urlencode(items)}" if items else path
+
+
+def pairs(params: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """(name, text) of query parameters: lists repeated, None and "" left out (also the
+    hidden inputs that carry one form's state through another)."""
+    out = []
+    for k, v in (params or {}).items():
+        for item in v if isinstance(v, list | tuple) else [v]:
+            if item is not None and item != "":
+                out.append((k, text_of(item)))
+    return out
+
+
+def shown(v: Any) -> str:
+    """A config value in a table: booleans as true/false, a missing one as —."""
+    return "—" if v is None else text_of(v)
+
+
+def text_of(v: Any) -> str:
+    """A config value as the query string spells it (booleans as true/false)."""
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+# --- a sweep's shape --------------------------------------------------------------------------
+
+
+def axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """The swept fields and their values, in the spec's order, then `seed`."""
+    params = spec.get("parameters") or {}
+    out = {k: list(v) for k, v in params.items() if isinstance(v, list)}
+    seeds = spec.get("seeds", 1)
+    out["seed"] = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
+    return out
+
+
+def fixed(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in (spec.get("parameters") or {}).items() if not isinstance(v, list)}
+
+
+def counts_text(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """(status, n) for the statuses that have trials, in the usual order."""
+    return [(s, counts.get(s, 0)) for s in TRIAL_STATUSES if counts.get(s, 0)]
+
+
+def trials_done(counts: Mapping[str, int]) -> int:
+    return sum(n for s, n in counts.items() if s not in ACTIVE)
+
+
+# --- the trials table -------------------------------------------------------------------------
+
+
+@dataclass
+class TableQuery:
+    """What the trials table shows: a status, config filters, a sort column and a page."""
+
+    status: str | None = None
+    where: dict[str, list[str]] = field(default_factory=dict)
+    sort: str = "index"
+    desc: bool = False
+    page: int = 1
+
+    def params(self, **change: Any) -> dict[str, Any]:
+        """The query string of this table (with `change` applied), for links and forms."""
+        p: dict[str, Any] = {"status": self.status, **self.where}
+        p |= {
+            "sort": None if self.sort == "index" else self.sort,
+            "dir": "desc" if self.desc else None,
+        }
+        p["page"] = self.page if self.page > 1 else None
+        p |= change
+        return p
+
+
+def sort_columns(axis_names: list[str]) -> tuple[str, ...]:
+    return ("index", *axis_names, "status", "epoch", *SUMMARY_COLUMNS, "diverged", "error")
+
+
+def table_query(query: Mapping[str, list[str]], axis_names: list[str]) -> TableQuery:
+    """Read the table's parameters from the page's query string.
+
+    Raises:
+        InvalidInput: an unknown status, sort column or direction, or a bad page (named).
+    """
+    status = param(query, "status") or None
+    if status is not None and status not in TRIAL_STATUSES:
+        raise InvalidInput(f"unknown value {status!r}", field="status", allowed=TRIAL_STATUSES)
+    sort = param(query, "sort") or "index"
+    allowed = sort_columns(axis_names)
+    if sort not in allowed:
+        raise InvalidInput(f"unknown column {sort!r}", field="sort", allowed=allowed)
+    direction = param(query, "dir") or "asc"
+    if direction not in ("asc", "desc"):
+        raise InvalidInput(f"unknown value {direction!r}", field="dir", allowed=("asc", "desc"))
+    where = {k: [v for v in query[k] if v != ""] for k in CONFIG_FIELDS if k in query}
+    where = {k: v for k, v in where.items() if v}
+    return TableQuery(status, where, sort, direction == "desc", page_number(query))
+
+
+def page_number(query: Mapping[str, list[str]]) -> int:
+    text = param(query, "page") or "1"
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 10**6:
+        raise InvalidInput(f"a page number 1, 2, …, got {text!r}", field="page")
+    return int(text)
+
+
+def param(query: Mapping[str, list[str]], name: str) -> str:
+    """The last value of a query parameter, stripped; "" when absent."""
+    values = query.get(name) or [""]
+    return values[-1].strip()
+
+
+def sort_trials(trials: list[Any], column: str, desc: bool) -> list[Any]:
+    """Trials by one column; missing values (None) last and NaN just before them, whichever
+    the direction, so a sort by loss shows real numbers first."""
+    key = _column_key(column)
+    values = [(key(t), t) for t in trials]
+    present = [(v, t) for v, t in values if v is not None and not _is_nan(v)]
+    nans = [t for v, t in values if v is not None and _is_nan(v)]
+    missing = [t for v, t in values if v is None]
+    try:
+        present.sort(key=lambda vt: vt[0], reverse=desc)
+    except TypeError:  # mixed types in one config column: compare as text
+        present.sort(key=lambda vt: str(vt[0]), reverse=desc)
+    return [t for _, t in present] + nans + missing
+
+
+def _column_key(column: str) -> Callable[[Any], Any]:
+    if column in SUMMARY_COLUMNS:
+        return lambda t: t.summary.get(column)
+    if column == "index":
+        return lambda t: t.index
+    if column == "status":
+        return lambda t: TRIAL_STATUSES.index(t.status)
+    if column == "epoch":
+        return lambda t: t.last_epoch
+    if column == "diverged":
+        return lambda t: t.diverged_epoch
+    if column == "error":
+        return lambda t: t.error
+    return lambda t: t.config.get(column)
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
+def pages(total: int, page: int, size: int = PAGE_SIZE) -> dict[str, int]:
+    last = max(math.ceil(total / size), 1)
+    first_row = (page - 1) * size + 1 if total else 0
+    return {"page": page, "last": last, "first": first_row, "to": min(page * size, total)}
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+
+def default_plot(kind: str | None, swept: Mapping[str, list[Any]], spec: Mapping[str, Any]) -> dict:
+    """Plot options that suit the sweep: ‖∂L/∂W₁‖ against depth (Meterez et al. 2024) when
+    depth is swept, grouped by the next axis; else the isometry gap over layers (Joudaki et al.
+    2023). `swept` is axes(spec); `kind` None picks the kind too."""
+    names = [a for a in swept if a != "seed"]
+    if kind is None:
+        kind = "depth_scaling" if "depth" in names else "layer_profile"
+    choice: dict[str, Any] = {"kind": kind}
+    if kind == "depth_scaling":
+        choice |= {"metric": "grad_norm", "layer": 1}
+        numeric = [a for a in names if all(_is_number(v) for v in swept[a])]
+        x = "depth" if "depth" in names or not numeric else numeric[0]
+        choice |= {"x": x} if x != "depth" else {}
+        others = [a for a in names if a != x]
+        choice |= {"group_by": others[0]} if others else {}
+    elif kind == "layer_profile":
+        choice["metric"] = "isometry_gap/act"
+    elif kind == "heatmap":  # a cell holds one configuration: the axes take the swept fields
+        choice["metric"] = "isometry_gap/act"
+        if names:
+            choice |= {"x": names[0], "group_by": names[1] if len(names) > 1 else "layer"}
+    elif kind == "theory_overlay":
+        no_norm = fixed(spec).get("norm") == "none"
+        choice["metric"] = "isometry_gap/act" if no_norm else "isometry_gap/norm"
+    return choice
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def plot_choice(
+    query: Mapping[str, list[str]], swept: Mapping[str, list[Any]], spec: Mapping[str, Any]
+) -> dict:
+    """The plot the page shows: the kind and options from the query, or the sweep's default.
+
+    Raises:
+        InvalidInput: an unknown kind or metric (named, with the allowed values).
+    """
+    kind = param(query, "kind") or None
+    if kind is not None and kind not in PLOT_KINDS:
+        raise InvalidInput(f"unknown value {kind!r}", field="kind", allowed=PLOT_KINDS)
+    if not any(param(query, k) for k in PLOT_OPTIONS):
+        return default_plot(kind, swept, spec)
+    choice = {"kind": kind or default_plot(None, swept, spec)["kind"]}
+    choice |= {k: param(query, k) for k in PLOT_OPTIONS if param(query, k)}
+    if choice.get("metric") and choice["metric"] not in METRICS:
+        raise InvalidInput(f"unknown value {choice['metric']!r}", field="metric", allowed=METRICS)
+    return choice
+
+
+def plot_url(sweep_id: int, choice: Mapping[str, Any], where: Mapping[str, Any] | None = None,
+             *, trial: int | None = None, fmt: str = "svg") -> str:  # fmt: skip
+    """The API's plot route for a choice, passing only the options the kind takes."""
+    kind = choice["kind"]
+    params: dict[str, Any] = {"metric": choice.get("metric")}
+    params |= {k: choice.get(k) for k in PLOT_TAKES[kind]}
+    params |= {**(where or {}), "trial": trial, "format": fmt}
+    return url(f"{API}/sweeps/{sweep_id}/plots/{kind}", params)
+
+
+def plot_options(axis_names: list[str]) -> dict[str, list[str]]:
+    """The values the plot form offers for x and group_by."""
+    fields = [a for a in axis_names if a != "seed"]
+    return {"x": ["layer", "epoch", *fields], "group_by": ["epoch", *fields]}
