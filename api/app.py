@@ -15,9 +15,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import swagger_ui_bundle
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from api import dashboard
 from api.errors import install_error_handlers
@@ -61,6 +65,8 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
         description=DESCRIPTION,
         lifespan=lifespan,
         default_response_class=NonFiniteJSONResponse,
+        docs_url=None,  # served below from vendored Swagger UI files: /docs works offline
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.store = store
@@ -68,10 +74,30 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(dashboard.router)
+    _offline_docs(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(TokenAuth, token=settings.api_token)  # added last: runs first
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
+
+
+def _offline_docs(app: FastAPI) -> None:
+    """/docs with Swagger UI from the swagger-ui-bundle package instead of a CDN."""
+    app.mount(
+        "/docs-assets",
+        StaticFiles(directory=str(swagger_ui_bundle.swagger_ui_path)),
+        name="docs-assets",
+    )
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url,
+            title="isosweep API",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon-32x32.png",
+        )
 
 
 def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from service import __version__
 from service.config import METRICS, SCALAR_METRICS
 from service.errors import InvalidInput, IsosweepError, NotFound
 from service.plots import PLOT_KINDS
+from service.store.models import SWEEP_STATUSES
 
 HERE = Path(__file__).resolve().parent
 INT32_MAX = 2**31 - 1
@@ -102,8 +103,8 @@ def index(request: Request) -> HTMLResponse:
     store = request.app.state.store
     query = query_of(request)
     status = v.param(query, "status") or None
-    if status is not None and status not in v.SWEEP_STATUSES:
-        raise InvalidInput(f"unknown value {status!r}", field="status", allowed=v.SWEEP_STATUSES)
+    if status is not None and status not in SWEEP_STATUSES:
+        raise InvalidInput(f"unknown value {status!r}", field="status", allowed=SWEEP_STATUSES)
     page = v.page_number(query)
     size = min(v.PAGE_SIZE, store.settings.max_page_size)
     sweeps, total = store.list_sweeps(status=status, offset=(page - 1) * size, limit=size)
@@ -114,7 +115,7 @@ def index(request: Request) -> HTMLResponse:
         sweeps=sweeps,
         total=total,
         status=status,
-        statuses=v.SWEEP_STATUSES,
+        statuses=SWEEP_STATUSES,
         pages=v.pages(total, page, size),
         active=any(s.status in v.ACTIVE for s in sweeps),
         poll=v.url(

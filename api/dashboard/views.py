@@ -15,22 +15,18 @@ from markupsafe import Markup, escape
 
 from service.config import CONFIG_FIELDS, METRICS
 from service.errors import InvalidInput
-from service.plots import PLOT_KINDS
+from service.plots import PLOT_KINDS, PLOT_PARAMETERS
+from service.store.models import TRIAL_STATUSES
 
-SWEEP_STATUSES = ("queued", "running", "completed", "cancelled", "failed")
-TRIAL_STATUSES = ("queued", "running", "completed", "diverged", "failed", "cancelled")
 ACTIVE = frozenset({"queued", "running"})  # a page polls while something is in these
 PAGE_SIZE = 50  # rows of a trials or sweeps page
 SUMMARY_COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")
 API = "/api/v1"
 
-# The optional parameters each plot kind reads (service.plots renders an error for others).
+# The optional parameters each plot kind reads that a page can set (the others are an error).
 PLOT_TAKES: dict[str, tuple[str, ...]] = {
-    "layer_profile": ("x", "group_by", "epoch"),
-    "depth_scaling": ("x", "group_by", "epoch", "layer"),
-    "training_curves": ("x", "group_by", "layer"),
-    "heatmap": ("x", "group_by", "epoch", "layer"),
-    "theory_overlay": ("x", "group_by", "epoch", "layer"),
+    kind: tuple(p for p in ("x", "group_by", "epoch", "layer") if p in takes)
+    for kind, takes in PLOT_PARAMETERS.items()
 }
 PLOT_OPTIONS = ("metric", "x", "group_by", "epoch", "layer")
 

@@ -34,6 +34,7 @@ __all__ = [
     "FORMATS",
     "METRIC_LABELS",
     "PLOT_KINDS",
+    "PLOT_PARAMETERS",
     "Grid",
     "Lines",
     "build_figure",
@@ -58,7 +59,7 @@ PLOT_KINDS: tuple[str, ...] = (
 FORMATS: tuple[str, ...] = ("png", "svg")
 
 # The optional parameters each kind reads; passing another one is an error, not ignored.
-_TAKES: dict[str, frozenset[str]] = {
+PLOT_PARAMETERS: dict[str, frozenset[str]] = {
     "layer_profile": frozenset({"x", "group_by", "epoch"}),
     "depth_scaling": frozenset({"x", "group_by", "epoch", "layer"}),
     "training_curves": frozenset({"x", "group_by", "layer"}),
@@ -116,9 +117,9 @@ def build_figure(
     metrics = _metrics(kind, metric)
     given = {"x": x, "group_by": group_by, "epoch": epoch, "layer": layer, "theory": theory}
     for name, value in given.items():
-        if value is not None and name not in _TAKES[kind]:
+        if value is not None and name not in PLOT_PARAMETERS[kind]:
             msg = f"{kind} does not take this parameter"
-            raise InvalidInput(msg, field=name, allowed=sorted(_TAKES[kind]))
+            raise InvalidInput(msg, field=name, allowed=sorted(PLOT_PARAMETERS[kind]))
     from service.plots import draw
     from service.plots.kinds import BUILDERS
 

@@ -19,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter
 from matplotlib.transforms import blended_transform_factory
 
 from service.plots.select import fmt_value, wants_log
@@ -122,6 +122,11 @@ def set_scales(ax: Axes, xs: np.ndarray, ys: np.ndarray, *, integer_x: bool = Fa
     on a linear x axis of counts (epoch, layer, depth) ticks fall on integers."""
     if wants_log(xs, 10.0):
         ax.set_xscale("log")
+        ticks = np.unique(xs[np.isfinite(xs) & (xs > 0)])
+        if len(ticks) <= 12:  # few swept values (depths): label exactly those, nothing between
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
     elif integer_x:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=STEPS))
     if wants_log(ys, 100.0):
