@@ -53,8 +53,15 @@ def _layer_note(rows: pd.DataFrame, metric: str, layer: int | None) -> list[str]
     return [layer_text(layer)] if is_layer_metric(rows, metric) else []
 
 
-def _finish(fig: Figure, ax, title: str, notes: list[str]) -> Figure:
+def _fixed_note(frame: pd.DataFrame) -> list[str]:
+    """The swept fields this figure holds at one value (a filter chose it): say which."""
+    fixed = [c for c in config_columns(frame) if c != "seed" and frame[c].nunique() == 1]
+    return [", ".join(f"{c} = {frame[c].iloc[0]}" for c in fixed)] if fixed else []
+
+
+def _finish(fig: Figure, ax, title: str, notes: list[str], frame: pd.DataFrame) -> Figure:
     fig.suptitle(title)
+    notes = [*_fixed_note(frame), *notes]
     ax.set_title(draw.wrap(" · ".join(notes), 110), fontsize=8, loc="left", color="0.3")
     return fig
 
@@ -98,7 +105,7 @@ def layer_profile(frame, metric, *, x, group_by, epoch, title, **_) -> Figure:
     draw.set_scales(ax, np.array([]), ys, integer_x=True)  # ℓ is a position: linear
     ax.set_xlabel(draw.wrap(field_label("layer")))
     ax.set_ylabel(draw.wrap(METRIC_LABELS[metric]))
-    return _finish(fig, ax, title, [*notes, _seeds_note(lines)])
+    return _finish(fig, ax, title, [*notes, _seeds_note(lines)], frame)
 
 
 def depth_scaling(frame, metric, *, x, group_by, epoch, layer, title, **_) -> Figure:
@@ -114,7 +121,7 @@ def depth_scaling(frame, metric, *, x, group_by, epoch, layer, title, **_) -> Fi
     draw.set_scales(ax, _xs(lines), ys, integer_x=_counts(x))
     ax.set_xlabel(draw.wrap(field_label(x)))
     ax.set_ylabel(draw.wrap(METRIC_LABELS[metric]))
-    return _finish(fig, ax, title, notes)
+    return _finish(fig, ax, title, notes, frame)
 
 
 def training_curves(frame, metrics, *, x, group_by, layer, title, **_) -> Figure:
@@ -137,7 +144,9 @@ def training_curves(frame, metrics, *, x, group_by, layer, title, **_) -> Figure
         ys = _plot_lines(ax, lines, colors)
         draw.set_scales(ax, np.array([]), ys, integer_x=True)
         notes = [*_layer_note(metric_rows(frame, m), m, layer), _seeds_note(lines)]
-        ax.set_title(" · ".join(notes), fontsize=8, loc="left", color="0.3")
+        if ax is axes[0]:
+            notes = [*_fixed_note(frame), *notes]
+        ax.set_title(draw.wrap(" · ".join(notes), 110), fontsize=8, loc="left", color="0.3")
     axes[-1].set_xlabel(field_label("epoch"))
     fig.suptitle(title)
     return fig
@@ -162,7 +171,7 @@ def heatmap(frame, metric, *, x, group_by, epoch, layer, title, **_) -> Figure:
     draw.draw_grid(fig, ax, grid, METRIC_LABELS[metric])
     ax.set_xlabel(draw.wrap(field_label(x)))
     ax.set_ylabel(draw.wrap(field_label(y)))
-    return _finish(fig, ax, title, [*notes, "cell = mean over seeds"])
+    return _finish(fig, ax, title, [*notes, "cell = mean over seeds"], frame)
 
 
 def theory_overlay(frame, metric, *, x, group_by, epoch, layer, title, theory, **_) -> Figure:
@@ -190,7 +199,7 @@ def theory_overlay(frame, metric, *, x, group_by, epoch, layer, title, theory, *
     draw.set_scales(ax, xs if x == "depth" else np.array([]), ys, integer_x=True)
     ax.set_xlabel(draw.wrap(field_label(x)))
     ax.set_ylabel(draw.wrap(METRIC_LABELS[metric]))
-    return _finish(fig, ax, title, notes)
+    return _finish(fig, ax, title, notes, frame)
 
 
 BUILDERS = {

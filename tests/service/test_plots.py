@@ -399,3 +399,12 @@ def test_a_frame_that_is_not_tidy_is_refused(frame):
     with pytest.raises(InvalidInput) as info:
         render("heatmap", frame.drop(columns=["layer"]), metric="grad_norm")
     assert info.value.field == "frame" and "layer" in info.value.allowed
+
+
+def test_a_filtered_swept_field_is_named_in_the_figure(frame):
+    one_init = frame[frame["init"] == "orthogonal"]
+    fig = build_figure("depth_scaling", one_init, metric="grad_norm", layer=1)
+    note = fig.axes[0].get_title(loc="left")
+    assert "init = orthogonal" in note and "depth =" not in note
+    fig = build_figure("depth_scaling", frame, metric="grad_norm", layer=1, group_by="init")
+    assert "init =" not in fig.axes[0].get_title(loc="left")
