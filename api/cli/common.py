@@ -7,8 +7,9 @@ from typing import NoReturn
 
 from rich.console import Console
 
-out = Console()
-err = Console(stderr=True)
+# Piped output (logs, `| less`) is not cut to rich's default 80 columns: tables stay whole.
+out = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 class CommandError(Exception):
