@@ -100,6 +100,7 @@ def run_runner(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # its per-plugin lines are noise here
     store = open_store(args.database_url)
     from workers.runner import Runner
 
