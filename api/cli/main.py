@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from api.cli.common import CommandError, fail
@@ -30,8 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"isosweep {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(name) is None:  # TODO(foundation): drop once all exist
-            continue
         importlib.import_module(name).register(sub)
     return parser
 
