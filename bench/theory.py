@@ -1,4 +1,4 @@
-"""Benchmark of service/theory.py: β of every registered activation from a cold cache, against a
+"""Benchmark of service/theory/: β of every registered activation from a cold cache, against a
 plain 200-point Gauss–Hermite estimate measured in the same process, and the accuracy of both
 against the closed forms (Joudaki et al. 2023, Table 5.1) or, where there is none, an adaptive
 scipy.integrate.quad reference split at the kinks.

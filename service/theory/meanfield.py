@@ -1,0 +1,173 @@
+"""The mean-field Gram recursion of a LayerNorm MLP (Joudaki et al. 2023, Theorem 5.1)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from service.activations import Activation
+from service.errors import InvalidInput, LimitExceeded
+from service.isometry import isometry_gap
+from service.theory.kappa import (
+    _kappa_maps,
+)
+from service.theory.quadrature import (
+    DEPTH_MAX,
+    GRAM_CELLS_MAX,
+    STAGES,
+    _check_dual_gain,
+    _check_gain,
+    _check_int,
+    _resolve,
+)
+
+# ----------------------------------------------------------------------- mean-field Gram recursion
+
+
+def cosine_gram(inputs: np.ndarray) -> np.ndarray:
+    """The cosine Gram (unit diagonal) of a batch of inputs (n, d): the recursion's start."""
+    X = np.asarray(inputs, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] < 1 or not np.isfinite(X).all():
+        raise InvalidInput(f"need a finite (n, d) batch, got shape {X.shape}", field="inputs")
+    norms = np.linalg.norm(X, axis=1)
+    if not (norms > 0).all():
+        raise InvalidInput("a sample is all zeros: its direction is undefined", field="inputs")
+    U = X / norms[:, None]
+    return unit_gram(U @ U.T)
+
+
+def unit_gram(gram: np.ndarray) -> np.ndarray:
+    """Validate a Gram and rescale it to unit diagonal (a cosine Gram), the recursion's start.
+
+    Raises:
+        InvalidInput (field "input_gram"): not square, not finite, not symmetric, a diagonal entry
+            ≤ 0, or not positive semi-definite.
+    """
+    G = np.asarray(gram, dtype=np.float64)
+    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] < 1:
+        raise InvalidInput(
+            f"must be a square (n, n) matrix, got shape {G.shape}", field="input_gram"
+        )
+    if not np.isfinite(G).all():
+        raise InvalidInput("has NaN or infinite entries", field="input_gram")
+    scale = np.abs(G).max()
+    if np.abs(G - G.T).max() > 1e-8 * scale:
+        raise InvalidInput("is not symmetric", field="input_gram")
+    d = np.diag(G)
+    if not (d > 0).all():
+        raise InvalidInput("needs a positive diagonal (an all-zero input?)", field="input_gram")
+    C = G / np.sqrt(np.outer(d, d))
+    C = (C + C.T) / 2
+    lam_min = np.linalg.eigvalsh(C)[0]
+    if lam_min < -1e-8 * C.shape[0]:
+        raise InvalidInput(
+            f"is not positive semi-definite (smallest eigenvalue {lam_min:.3g})", field="input_gram"
+        )
+    C = np.clip(C, -1.0, 1.0)
+    np.fill_diagonal(C, 1.0)
+    return C
+
+
+def layer_gains(gain: float, gain_exponent: float, depth: int) -> np.ndarray:
+    """α_ℓ = gain·ℓ^(−p), ℓ = 1..depth (Meterez et al. 2024, activation shaping)."""
+    a, L = _check_gain(gain), _check_int(depth, "depth", 1, DEPTH_MAX)
+    try:
+        p = float(gain_exponent)
+    except (TypeError, ValueError):
+        p = math.nan
+    if not (math.isfinite(p) and p >= 0):
+        raise InvalidInput(f"must be finite and ≥ 0, got {gain_exponent!r}", field="gain_exponent")
+    return a * np.arange(1, L + 1, dtype=np.float64) ** (-p)
+
+
+def _iterate_grams(
+    activation: str | Activation,
+    depth: int,
+    input_gram: np.ndarray,
+    gain: float,
+    gain_exponent: float,
+    stage: str,
+    centered: bool,
+) -> Iterator[np.ndarray]:
+    """Yield the predicted (n, n) Gram of `stage` in block ℓ = 1..depth.
+
+    Mean field (Joudaki et al. 2023, Eq. 10 and App. A.2): with weights N(0, 1/fan_in), block ℓ's
+    pre-activations are Gaussian with covariance G_{ℓ−1} (a cosine Gram), so its centered and
+    normalized output has Gram G_ℓ = κ_{α_ℓ}(G_{ℓ−1}) entrywise. "linear" is G_{ℓ−1}, "norm" is
+    G_ℓ, "act" is the uncentered (c₀² + σ̄(G_{ℓ−1}))/(c₀² + σ̄(1)) — which is also G_ℓ when the
+    norm only scales (centered=False: the `layer_scale` variant).
+    """
+    act = _resolve(activation)
+    L = _check_int(depth, "depth", 1, DEPTH_MAX)
+    a = _check_dual_gain(gain)
+    if stage not in STAGES:
+        raise InvalidInput(f"unknown stage {stage!r}", field="stage", allowed=STAGES)
+    G = unit_gram(input_gram)
+    gains = layer_gains(a, gain_exponent, L)
+    kappa_at = _kappa_maps(act, gains)
+    for a_l in gains:
+        f = kappa_at(a_l)
+        K = f(G)  # (n, n) κ(G)
+        U = (f.offset + K) / (f.offset + 1.0)  # uncentered: E[σσ]/E[σ²]
+        if stage == "linear":
+            yield G
+        elif stage == "act":
+            yield U
+        G = K if centered else U
+        np.fill_diagonal(G, 1.0)  # κ(1) = 1 exactly
+        if stage == "norm":
+            yield G
+
+
+def mean_field_grams(
+    activation: str | Activation,
+    depth: int,
+    input_gram: np.ndarray,
+    *,
+    gain: float = 1.0,
+    gain_exponent: float = 0.0,
+    stage: str = "norm",
+    centered: bool = True,
+) -> np.ndarray:
+    """Predicted Grams (depth, n, n) of a LayerNorm MLP (Linear → σ(α_ℓ·) → center → normalize)
+    in the infinite-width limit, index 0 ↔ block ℓ = 1, from the probe batch's input Gram
+    (rescaled to unit diagonal, as the engine records it). `stage` picks the sub-layer ("linear",
+    "act", "norm"); centered=False drops the centering (scale-only norm). See `_iterate_grams`.
+
+    Assumes the first block's inputs have equal norms (only their directions enter; exact for
+    homogeneous σ) and unit pre-activation variance: with init N(0, g²/fan_in) pass gain = α·g.
+
+    Raises:
+        InvalidInput: bad activation, depth, gain (≤ DUAL_GAIN_MAX), gain_exponent, stage, or an
+            input Gram that is not a finite symmetric PSD matrix with positive diagonal.
+        LimitExceeded: depth·n² over GRAM_CELLS_MAX (use mean_field_gaps).
+    """
+    n = np.shape(input_gram)[0] if np.ndim(input_gram) == 2 else 0
+    if isinstance(depth, int) and depth * n * n > GRAM_CELLS_MAX:
+        raise LimitExceeded(
+            f"depth·n² = {depth * n * n} exceeds {GRAM_CELLS_MAX}; mean_field_gaps needs no stack",
+            field="depth",
+        )
+    grams = _iterate_grams(activation, depth, input_gram, gain, gain_exponent, stage, centered)
+    return np.stack(list(grams))
+
+
+def mean_field_gaps(
+    activation: str | Activation,
+    depth: int,
+    input_gram: np.ndarray,
+    *,
+    gain: float = 1.0,
+    gain_exponent: float = 0.0,
+    stage: str = "norm",
+    centered: bool = True,
+) -> np.ndarray:
+    """Predicted isometry gaps (depth,) of `mean_field_grams`, without holding the stack.
+
+    Near isometry the per-block gap ratio tends to κ′(0)² = (2 − β)² (Joudaki et al. 2023,
+    Theorem 5.1); a singular Gram reads +inf.
+    """
+    grams = _iterate_grams(activation, depth, input_gram, gain, gain_exponent, stage, centered)
+    return np.array([isometry_gap(G) for G in grams])
