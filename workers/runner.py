@@ -20,7 +20,8 @@ from typing import Any
 
 from service.errors import StorageError
 from service.store import Store, SweepInfo
-from workers.driver import SweepProgress, init_ray, run_sweep
+from workers.callbacks import SweepProgress
+from workers.driver import init_ray, run_sweep
 
 log = logging.getLogger("isosweep.runner")
 

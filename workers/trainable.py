@@ -3,7 +3,7 @@ record to Tune, one `tune.report` per recorded epoch.
 
 The trial process never opens a database connection and is never given a database URL: what it
 receives is `{"trial_id", "config", "data_dir"}`, and everything it produces goes back to the
-driver through `tune.report`, where `workers.driver.StoreCallback` is the only writer.
+driver through `tune.report`, where `workers.callbacks.StoreCallback` is the only writer.
 
 Records travel as plain Python values (arrays become nested lists of floats, which pickle keeps
 bit-exact, NaN and ±inf included); `from_transport` turns a Tune result back into the epoch record

@@ -17,16 +17,15 @@ from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
-from workers.driver import (
+from workers.callbacks import (
     CancelStopper,
     Heartbeat,
     StoreCallback,
     SweepControl,
     error_text,
     exception_line,
-    new_progress,
-    run_sweep,
 )
+from workers.driver import new_progress, run_sweep
 from workers.trainable import PARAM_KEY, TRIAL_KEY, from_transport, to_transport
 
 RUNNER = "test-runner"
