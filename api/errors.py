@@ -129,7 +129,7 @@ def _field_name(loc: tuple | list) -> str | None:
     return name or ("body" if where == "body" else None)
 
 
-HTTP_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+HTTP_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
 
 
 async def _http(request: Request, exc: Exception) -> NonFiniteJSONResponse:

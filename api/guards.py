@@ -65,9 +65,10 @@ class BodyLimit:
         if declared is not None and declared > self.max_bytes:
             return await error_response(self._too_large(declared))(scope, receive, send)
         seen = 0
-        started = False
 
         async def counted() -> Message:
+            # Raised inside the route that reads the body; the app's IsosweepError handler
+            # answers it (413, api/errors.py), before anything else was sent.
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -76,17 +77,7 @@ class BodyLimit:
                     raise self._too_large(f"more than {self.max_bytes}")
             return message
 
-        async def watched(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, watched)
-        except BodyTooLarge as exc:  # raised while a route read the body, before it answered
-            if started:
-                raise
-            await error_response(exc)(scope, receive, send)
+        await self.app(scope, counted, send)
 
 
 def _content_length(scope: Scope) -> int | None:

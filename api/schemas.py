@@ -15,9 +15,10 @@ from pydantic import BaseModel, Field, PlainSerializer, WithJsonSchema
 from starlette.responses import JSONResponse
 
 from service import jsonfmt
+from service.store.models import SWEEP_STATUSES, TRIAL_STATUSES
 
 # A float that may be NaN or ±inf: a JSON number when finite, else one of three strings.
-NONFINITE_SPELLINGS = ("NaN", "Infinity", "-Infinity")
+NONFINITE_SPELLINGS = tuple(jsonfmt.NONFINITE)  # "NaN", "Infinity", "-Infinity"
 REAL_SCHEMA = {
     "anyOf": [{"type": "number"}, {"type": "string", "enum": list(NONFINITE_SPELLINGS)}],
     "description": 'a number; NaN and ±inf are the strings "NaN", "Infinity", "-Infinity"',
@@ -28,8 +29,8 @@ Real = Annotated[
     WithJsonSchema(REAL_SCHEMA),
 ]
 
-SweepStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
-TrialStatus = Literal["queued", "running", "completed", "diverged", "failed", "cancelled"]
+SweepStatus = Literal[SWEEP_STATUSES]  # type: ignore[valid-type]
+TrialStatus = Literal[TRIAL_STATUSES]  # type: ignore[valid-type]
 
 
 class NonFiniteJSONResponse(JSONResponse):

@@ -37,13 +37,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from service.config import LAYER_METRICS, SCALAR_METRICS
+from service.settings import Settings
+from service.spec import parse_spec
+from service.store import Store
 
-from service.config import LAYER_METRICS, SCALAR_METRICS  # noqa: E402
-from service.settings import Settings  # noqa: E402
-from service.spec import parse_spec  # noqa: E402
-from service.store import Store  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STATUS_P99_MS = 50.0
 SUBMIT_S = 1.0

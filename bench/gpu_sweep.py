@@ -2,7 +2,7 @@
 on a local Ray instance — with `resources: {cpu: 1, gpu: 0.25}` (four trials share the GPU) and
 with `{cpu: 1, gpu: 0}` (CPU only) — printing where each trial ran and trials/s of both.
 
-    .venv/bin/python bench/gpu_sweep.py [--trials-cpu 8] [--epochs 5]
+    .venv/bin/python bench/gpu_sweep.py [--cpus 4] [--epochs 5]
 
 It exits with status 1 if any GPU-side trial did not run on CUDA (the check the GPU path needs);
 on a machine without a CUDA device it says so and exits 0 (nothing to measure).
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from service.spec import parse_spec
+from service.spec import expand, parse_spec
 from service.store import Store
 
 
@@ -68,11 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device here: nothing to measure (run this on a GPU machine)")
         return 0
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
+    gpu_spec, cpu_spec = spec("gpu", 0.25, args.epochs), spec("cpu", 0.0, args.epochs)
+    n_trials = len(expand(parse_spec(gpu_spec)))  # the same grid in both
     with tempfile.TemporaryDirectory() as tmp, Store(f"sqlite:///{Path(tmp) / 'g.db'}") as store:
-        gpu_s, gpu_devices = run(store, spec("gpu", 0.25, args.epochs), args.cpus, 1)
-        cpu_s, cpu_devices = run(store, spec("cpu", 0.0, args.epochs), args.cpus, 1)
+        gpu_s, gpu_devices = run(store, gpu_spec, args.cpus, 1)
+        cpu_s, cpu_devices = run(store, cpu_spec, args.cpus, 1)
     for label, secs, where in (("gpu 0.25", gpu_s, gpu_devices), ("cpu only", cpu_s, cpu_devices)):
-        print(f"{label}: 16 trials in {secs:6.1f} s = {16 / secs:6.2f} trials/s on {dict(where)}")
+        rate = f"{n_trials / secs:6.2f} trials/s"
+        print(f"{label}: {n_trials} trials in {secs:6.1f} s = {rate} on {dict(where)}")
     print(f"ratio (GPU trials/s over CPU trials/s): {cpu_s / gpu_s:.2f}")
     if not gpu_devices or not all(d.startswith("cuda") for d in gpu_devices):
         print("FAIL: some GPU trials did not run on CUDA", file=sys.stderr)

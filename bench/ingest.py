@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 from sqlalchemy import text
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.config import LAYER_METRICS
 from service.spec import parse_spec

@@ -18,13 +18,12 @@ import argparse
 import time
 
 import numpy as np
-from ingest import NAIVE_UPSERT, backends, create_naive, make_sweep, naive_rows, record
+from ingest import DEPTH, NAIVE_UPSERT, backends, create_naive, make_sweep, naive_rows, record
 from sqlalchemy import text
 
 from service.config import LAYER_METRICS
 from service.store import Store
 
-DEPTH = 1000
 TARGET_MS = 50.0
 METRIC = "isometry_gap/act"
 NAIVE_READ = (

@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 from scipy import integrate
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service import theory
 from service.activations import ACTIVATION_NAMES, ACTIVATIONS, LEAKY_SLOPE

@@ -19,10 +19,9 @@ Norm = Literal["batch", "layer", "none", "batch_scale", "layer_scale"]
 Order = Literal["norm_act", "act_norm"]
 Init = Literal["gaussian", "xavier", "kaiming", "orthogonal"]
 Optimizer = Literal["sgd", "adam"]
-Dataset = Literal["cifar10", "cifar100", "mnist", "fashion_mnist", "digits", "gaussian"]
 EvalNorm = Literal["running", "batch"]
 
-# (input dimension after flattening, number of classes)
+# The datasets, each with (input dimension after flattening, number of classes)
 DATASET_SHAPES: dict[str, tuple[int, int]] = {
     "cifar10": (3072, 10),
     "cifar100": (3072, 100),
@@ -31,6 +30,7 @@ DATASET_SHAPES: dict[str, tuple[int, int]] = {
     "digits": (64, 10),
     "gaussian": (100, 10),
 }
+Dataset = Literal[tuple(DATASET_SHAPES)]  # type: ignore[valid-type]
 
 SCALAR_METRICS: tuple[str, ...] = (
     "train_loss",
@@ -49,6 +49,8 @@ LAYER_METRICS: tuple[str, ...] = (
     "grad_norm",  # ‖∂L/∂W_ℓ‖_F on the probe batch
 )
 METRICS: tuple[str, ...] = SCALAR_METRICS + LAYER_METRICS
+# What an epoch record holds besides METRICS (docs/architecture.md, "The epoch record").
+RECORD_KEYS: tuple[str, ...] = ("epoch", "diverged", "input_gram")
 
 
 class TrialConfig(BaseModel):

@@ -4,30 +4,44 @@
 
 Reads are bounded by the store (Settings.max_points) and narrowed to what the kind draws: one
 epoch when the plot shows one, each trial's last epoch for `last`, epoch 0 for the theory
-overlay's default. For `theory_overlay` each measured line gets the mean-field prediction of
-Joudaki et al. 2023 (Thm 5.1; service.theory.mean_field_gaps) from its trials' input Grams,
-averaged over seeds. The prediction is for Gaussian-initialized LayerNorm MLPs in act_norm
-order (Linear → σ → center → normalize); the title says so when the sweep's configs differ.
+overlay's default; one layer of each trial when the plot shows one. For `theory_overlay` each
+measured line gets the mean-field prediction of Joudaki et al. 2023 (Thm 5.1;
+service.theory.mean_field_gaps) from its trials' input Grams, averaged over seeds, with the
+trials' gain α·g and centering. The prediction is for Gaussian-initialized LayerNorm MLPs
+(centered, or scale-only `layer_scale`) in act_norm order (Linear → σ → center → normalize);
+the title says so when the sweep's configs differ.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from service.config import CONFIG_FIELDS
+from service.config import CONFIG_FIELDS, TrialConfig
 from service.errors import InvalidInput, LimitExceeded, NotFound
-from service.plots import FORMATS, PLOT_KINDS, render, theory_overlay_series
+from service.plots import (
+    FORMATS,
+    GAP_METRICS,
+    PLOT_KINDS,
+    heatmap_axes,
+    render,
+    theory_overlay_series,
+)
 from service.plots.select import check_choice, line_label, metric_rows, resolve_epoch
 
-# The theory's Gram of each recorded sub-layer (service.theory.STAGES).
-STAGE_OF = {"isometry_gap/linear": "linear", "isometry_gap/act": "act", "isometry_gap/norm": "norm"}
-# What the mean-field theorem assumes, field → value.
-THEORY_SETTING = {"norm": "layer", "order": "act_norm", "init": "gaussian"}
+# The theory's Gram of each recorded sub-layer (service.theory.STAGES: linear, norm, act).
+STAGE_OF = {m: m.removeprefix("isometry_gap/") for m in GAP_METRICS}
+# What the mean-field theorem assumes, field → the values it covers (layer_scale: centered=False).
+THEORY_SETTING: dict[str, tuple[str, ...]] = {
+    "norm": ("layer", "layer_scale"),
+    "order": ("act_norm",),
+    "init": ("gaussian",),
+}
 MAX_THEORY_SEEDS = 10  # seeds whose input Grams are averaged into one predicted line
 EpochArg = int | str | None  # a number, "last", or None (the kind's default)
 
@@ -70,8 +84,13 @@ def make_plot(
     where = dict(where or {})
     if trial_id is not None:
         where = _one_trial(store, sweep_id, trial_id, where)
+    depths = _sweep_depths(store, sweep_id) if draws_one_layer(kind, x, group_by) else []
     frame = store.read_metrics(
-        sweep_id, metrics=metrics, epoch=epochs_to_read(kind, epoch, x, group_by), where=where
+        sweep_id,
+        metrics=metrics,
+        epoch=epochs_to_read(kind, epoch, x, group_by),
+        layers=layers_to_read(kind, layer, x, group_by, depths),
+        where=where,
     )
     at = _plot_epoch(frame, epoch)
     theory = title = None
@@ -107,10 +126,47 @@ def epochs_to_read(kind: str, epoch: EpochArg, x: str | None, group_by: str | No
 
 
 def _epoch_is_heatmap_axis(kind: str, x: str | None, group_by: str | None) -> bool:
-    if kind != "heatmap":
-        return False
-    y = group_by or ("epoch" if x == "layer" else "layer")
-    return "epoch" in (x or "epoch", y)
+    return kind == "heatmap" and "epoch" in heatmap_axes(x, group_by)
+
+
+def draws_one_layer(kind: str, x: str | None, group_by: str | None) -> bool:
+    """Whether the kind draws one layer of each trial (service.plots.select.select_layer)."""
+    if kind in ("training_curves", "depth_scaling"):
+        return True
+    if kind == "theory_overlay":
+        return x == "depth"  # x = None may still be "layer": that depends on the rows read
+    return kind == "heatmap" and "layer" not in heatmap_axes(x, group_by)
+
+
+def layers_to_read(
+    kind: str, layer: int | None, x: str | None, group_by: str | None, depths: Iterable[int]
+) -> list[int] | None:
+    """The store's layer filter for a plot: only the layers the kind can draw (None: all).
+
+    A kind that draws one layer of each trial reads that layer — ℓ = `layer`, or depth + 1 +
+    `layer` for each depth of the sweep when it counts from the end (None: the last) — and
+    also each depth's last layer ℓ = L, so that plots.select.select_layer still finds every
+    trial's depth (and the same error for a layer a trial does not have). `depths`: every
+    depth of the sweep (more is harmless).
+    """
+    if layer == 0 or not draws_one_layer(kind, x, group_by):
+        return None  # layer 0 matches nothing: select_layer says so, naming the allowed ones
+    ds = {int(d) for d in depths}
+    if not ds:
+        return None
+    if layer is None or layer < 0:
+        back = -1 if layer is None else layer
+        wanted = {d + 1 + back for d in ds}
+    else:
+        wanted = {layer}
+    return sorted(ell for ell in wanted | ds if ell >= 1)
+
+
+def _sweep_depths(store: Any, sweep_id: int) -> list[int]:
+    """Every depth of the sweep, from its stored spec (an axis or a fixed value)."""
+    parameters = store.get_sweep(sweep_id).spec.get("parameters") or {}
+    depth = parameters.get("depth", TrialConfig.model_fields["depth"].default)
+    return [int(d) for d in depth] if isinstance(depth, list) else [int(depth)]
 
 
 def _plot_epoch(frame: pd.DataFrame, epoch: EpochArg) -> int | None:
@@ -213,6 +269,8 @@ def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
     Cached: a trial's input Gram (epoch 0, fixed by its seed) does not change."""
     c = trial.config
     source = trial.results_from or trial.id
+    gain = c["activation_gain"] * c["init_gain"]  # N(0, g²/fan_in): pre-activations scale by g
+    centered = c["norm"] != "layer_scale"
     key = (
         store.url,
         source,
@@ -220,7 +278,9 @@ def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
         c["activation"],
         c["depth"],
         c["activation_gain"],
+        c["init_gain"],
         c["gain_exponent"],
+        c["norm"],
     )
     with _LOCK:
         if key in _CACHE:
@@ -235,9 +295,10 @@ def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
         c["activation"],
         c["depth"],
         gram,
-        gain=c["activation_gain"],
+        gain=gain,
         gain_exponent=c["gain_exponent"],
         stage=stage,
+        centered=centered,
     )
     with _LOCK:
         _CACHE[key] = gaps
@@ -249,12 +310,12 @@ def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
 def _title(metric: str, configs: list[dict], skipped: list[str]) -> str:
     title = f"{metric}: measured and mean-field prediction"
     off = {
-        f: sorted({str(c[f]) for c in configs if c.get(f) != want})
-        for f, want in THEORY_SETTING.items()
+        f: sorted({str(c[f]) for c in configs if c.get(f) not in wanted})
+        for f, wanted in THEORY_SETTING.items()
     }
     here = ", ".join(f"{f}={'/'.join(v)}" for f, v in off.items() if v)
     if here:
-        want = ", ".join(f"{f}={v}" for f, v in THEORY_SETTING.items())
+        want = ", ".join(f"{f}={'/'.join(v)}" for f, v in THEORY_SETTING.items())
         title += f"\nthe prediction assumes {want}; this sweep has {here}"
     if skipped:
         text = "; ".join(skipped)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -296,6 +297,13 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
 def swept_fields(spec: SweepSpec) -> list[str]:
     """The config fields that vary across the sweep's trials: its axes, then `seed`."""
     return [*spec.axes, "seed"]
+
+
+def swept_fields_of(spec: Mapping[str, Any]) -> list[str]:
+    """`swept_fields` of a stored spec (a validated SweepSpec's JSON dump, as the store keeps it)
+    without validating it again: the list-valued keys of its parameters, then `seed`."""
+    parameters = spec.get("parameters") or {}
+    return [*(k for k, v in parameters.items() if isinstance(v, list)), "seed"]
 
 
 # What no database stores, whatever the spec allows: NUL characters and unpaired surrogates

@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from expected_rows import expected_keys, row_keys
+from support import free_port, isosweep_command
 
 from service.spec import load_spec
 from service.store import Store
@@ -27,20 +27,14 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.postgres]
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-SPEC = "examples/init-depth-smoke.yaml"  # 18 trials measured at initialization, seconds each
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+SPEC = "examples/init-depth-smoke.yaml"  # trials measured at initialization, seconds each
 
 
 class RayHead:
     """A head node of its own: its own ports, temp dir, token and process session."""
 
     def __init__(self):
-        self.gcs_port, self.dashboard_port = _free_port(), _free_port()
+        self.gcs_port, self.dashboard_port = free_port(), free_port()
         self.temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths
         self.env = {
             **os.environ,
@@ -60,8 +54,8 @@ class RayHead:
                 f"--port={self.gcs_port}",
                 "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={self.dashboard_port}",
-                f"--ray-client-server-port={_free_port()}",
-                f"--dashboard-agent-listen-port={_free_port()}",
+                f"--ray-client-server-port={free_port()}",
+                f"--dashboard-agent-listen-port={free_port()}",
                 "--num-cpus=2",
                 "--num-gpus=0",
                 f"--temp-dir={self.temp_dir}",
@@ -116,7 +110,8 @@ def _check_sweep_stored(url: str, sweep_id: int) -> None:
         sweep = store.get_sweep(sweep_id)
         assert sweep.status == "completed", sweep
         trials, total = store.list_trials(sweep_id, limit=1000)
-        assert total == 18 and {t.status for t in trials} == {"completed"}
+        assert total == load_spec(ROOT / SPEC).n_trials
+        assert {t.status for t in trials} == {"completed"}
         keys = row_keys(store.read_metrics(sweep_id))
         assert len(keys) == len(set(keys)) and set(keys) == expected_keys(trials)
 
@@ -154,7 +149,7 @@ def test_runner_on_an_existing_cluster_through_ray_address(ray_head, postgres_ur
     with Store(postgres_url) as store:
         sweep = store.create_sweep(load_spec(ROOT / SPEC))
     result = subprocess.run(
-        [str(BIN / "isosweep"), "runner", "--once", "--database-url", postgres_url],
+        [*isosweep_command(), "runner", "--once", "--database-url", postgres_url],
         env={**ray_head.env, "RAY_ADDRESS": ray_head.address},
         capture_output=True,
         text=True,

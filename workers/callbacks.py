@@ -12,15 +12,6 @@
 from __future__ import annotations
 
 import logging
-import os
-
-# Read by Ray when it is imported: every Ray listener stays on loopback, and Tune writes no
-# CSV/JSON/TensorBoard files of its own (StoreCallback is the writer); the old output engine
-# honours verbose=0.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-
 import re
 import threading
 import time
@@ -34,6 +25,7 @@ from ray import tune
 
 from service.errors import Conflict, StorageError
 from service.store import Store
+from service.store.models import FINISHED_TRIAL
 from workers.trainable import DEVICE_KEY, PARAM_KEY, from_transport
 
 log = logging.getLogger("isosweep.driver")
@@ -42,7 +34,6 @@ FLUSH_RECORDS = 64  # a batch goes to the store at this many records…
 FLUSH_S = 0.5  # …or when its oldest record is this old
 CANCEL_POLL_S = 0.5  # how often the stopper reads the cancel flag
 MAX_ERROR_CHARS = 20_000  # a failed trial's stored error text (its tail is kept)
-FINISHED = frozenset({"completed", "diverged", "failed", "cancelled"})
 
 
 class SweepControl:
@@ -79,7 +70,7 @@ class SweepProgress:
 
     @property
     def trials_done(self) -> int:
-        return sum(n for s, n in self.counts.items() if s in FINISHED)
+        return sum(n for s, n in self.counts.items() if s in FINISHED_TRIAL)
 
     @property
     def epochs_total(self) -> int:
@@ -88,7 +79,7 @@ class SweepProgress:
     @property
     def epochs_done(self) -> int:
         return sum(
-            n if self.status.get(t) in FINISHED else min(self.done.get(t, 0), n)
+            n if self.status.get(t) in FINISHED_TRIAL else min(self.done.get(t, 0), n)
             for t, n in self.expected.items()
         )
 

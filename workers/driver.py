@@ -17,14 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-
-# Read by Ray when it is imported: every Ray listener stays on loopback, and Tune writes no
-# CSV/JSON/TensorBoard files of its own (StoreCallback is the writer); the old output engine
-# honours verbose=0.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-
 import shutil
 import tempfile
 import threading

@@ -9,6 +9,7 @@ as there are distinct Gram sizes — never one call per layer.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,11 +153,10 @@ def weight_isometry_gap(W: Tensor) -> float:
     return float(weight_isometry_gaps(W.unsqueeze(0))[0])
 
 
-def frobenius_norms(tensors: list[Tensor]) -> Tensor:
-    """‖T‖_F of each of a non-empty list of tensors, accumulated in float64 → (len,) float64."""
-    if all(t.shape == tensors[0].shape for t in tensors):
-        return torch.linalg.vector_norm(torch.stack(tensors).flatten(1), dim=1, dtype=F64)
-    return torch.stack([torch.linalg.vector_norm(t, dtype=F64) for t in tensors])
+def frobenius_norms(tensors: Sequence[Tensor]) -> Tensor:
+    """‖T‖_F of each of a non-empty sequence of equal-shape tensors, accumulated in float64 → (len,)
+    float64."""
+    return torch.linalg.vector_norm(torch.stack(tensors).flatten(1), dim=1, dtype=F64)
 
 
 def cosine_gram(x: Tensor) -> np.ndarray:
@@ -205,22 +205,23 @@ def probe_metrics(
         grads = torch.autograd.grad(loss, [p[k] for k in names])
     kinds = ["linear", "norm", "act"] if spec.norm != "none" else ["linear", "act"]
     slot = {"linear": 0, "norm": 1, "act": 2}
-    flat = [t[slot[k]].detach() for k in kinds for t in taps]  # kind-major, block-minor
-    uniq, where = _unique(flat)
+    # Deduplicated before detaching (which makes new objects): an identity σ returns its input.
+    uniq, where = _unique([t[slot[k]] for k in kinds for t in taps])  # kind-major, block-minor
+    H = torch.stack([t.detach() for t in uniq])
+    # Equal-shape groups, in block order: W_1 (d × d_in), W_2..W_L (d × d), W_head (C × d).
     W = [p[k].detach() for k in names]
-    jobs = [_Job(torch.stack(uniq), singular_tol(*uniq[0].shape, uniq[0].dtype))]
-    jobs += [_weight_job(W[0].unsqueeze(0)), _weight_job(W[-1].unsqueeze(0))]
-    if L > 1:
-        jobs.append(_weight_job(torch.stack(W[1:L])))  # (L−1, d, d)
-    gaps = _batched_gaps(jobs)
-    rep = gaps[0][torch.tensor(where, device=gaps[0].device)].cpu().numpy().reshape(len(kinds), L)
-    wgap = torch.cat([gaps[1]] + ([gaps[3]] if L > 1 else [])).cpu().numpy()
-    gnorm = torch.cat(
-        [frobenius_norms(list(grads[:1]))] + ([frobenius_norms(list(grads[1:L]))] if L > 1 else [])
-    )
-    out: dict[str, np.ndarray | float] = {f"isometry_gap/{k}": rep[i] for i, k in enumerate(kinds)}
-    out["weight_isometry_gap"] = wgap
-    out["grad_norm"] = gnorm.cpu().numpy()
-    out["head_grad_norm"] = float(frobenius_norms(grads[-1:])[0])
-    out["head_weight_isometry_gap"] = float(gaps[2][0])
+    groups = [slice(0, 1), slice(1, L), slice(L, L + 1)]  # the middle one is empty when L = 1
+    jobs = [_Job(H, singular_tol(*H.shape[1:], H.dtype))]
+    jobs += [_weight_job(torch.stack(W[g])) for g in groups if W[g]]
+    rep_gaps, *w_gaps = _batched_gaps(jobs)
+    rep = rep_gaps[torch.tensor(where, device=rep_gaps.device)].cpu().numpy()
+    wgap = torch.cat(w_gaps).cpu().numpy()  # (L + 1,): blocks 1..L, then the head
+    gnorm = torch.cat([frobenius_norms(grads[g]) for g in groups if grads[g]]).cpu().numpy()
+    out: dict[str, np.ndarray | float] = {
+        f"isometry_gap/{k}": r for k, r in zip(kinds, rep.reshape(len(kinds), L), strict=True)
+    }
+    out["weight_isometry_gap"] = wgap[:L]
+    out["grad_norm"] = gnorm[:L]
+    out["head_grad_norm"] = float(gnorm[L])
+    out["head_weight_isometry_gap"] = float(wgap[L])
     return out

@@ -165,11 +165,6 @@ def to_device(tensors: dict[str, Tensor], device: str | torch.device) -> dict[st
     return {k: v.to(device) for k, v in tensors.items()}
 
 
-def weights(spec: Spec, params: Params) -> list[Tensor]:
-    """[W_1, …, W_L]: the block weights, in order (the head is params["W_head"])."""
-    return [params[f"W{ell}"] for ell in range(1, spec.depth + 1)]
-
-
 # ---------------------------------------------------------------------------------------------
 # The pieces: pure functions of (params, state, x)
 

@@ -4,9 +4,10 @@
 
 Ray starts on the first claim (the cluster in RAY_ADDRESS, else a local instance) and stays up
 for the runner's life. SIGTERM or SIGINT stops the runner cleanly: trials stop, the records
-received are written, and the sweep is left running under an expiring lease, so that the next
-runner to claim it resumes it. A runner killed outright (SIGKILL) leaves the same state behind,
-minus the records still in flight.
+received are written, and the sweep goes back to the queue at once (`store.release_sweep`), its
+cut trials queued again, so that the next runner resumes it without waiting. A runner killed
+outright (SIGKILL) leaves the sweep running under its lease instead: the next runner claims and
+resumes it once that lease has expired, minus the records that were still in flight.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from service.errors import StorageError
@@ -43,6 +45,8 @@ class Runner:
             settings.runner_poll_s).
         ray_address: the Ray cluster (default RAY_ADDRESS, else a local instance).
         num_cpus, num_gpus: the size of a local instance (default: the machine's).
+        progress: called with a SweepProgress after every trial event of a run (default
+            `log_progress`: a log line per finished trial; `isosweep run` draws a bar).
     """
 
     def __init__(
@@ -55,6 +59,7 @@ class Runner:
         ray_address: str | None = None,
         num_cpus: int | None = None,
         num_gpus: int | None = None,
+        progress: Callable[[SweepProgress], None] | None = None,
     ):
         self.store = store
         self.runner_id = runner_id or default_runner_id()
@@ -62,19 +67,24 @@ class Runner:
         self.poll_s = poll_s or store.settings.runner_poll_s
         self.ray_address = ray_address
         self.ray_size = {"num_cpus": num_cpus, "num_gpus": num_gpus}
+        self.progress = progress or log_progress
         self.stopping = threading.Event()
         self.started_ray = False
         self.signals: SignalStop | None = None  # set while run_forever (or `isosweep run`) runs
 
-    def run_once(self) -> SweepInfo | None:
+    def run_once(self, sweep_id: int | None = None) -> SweepInfo | None:
         """Claim one sweep and run it to its end (or until stopped).
 
+        Args:
+            sweep_id: claim this sweep only (as `isosweep run` does), never another queued one.
+
         Returns:
-            The sweep as the run left it, or None when nothing was claimable.
+            The sweep as the run left it, or None when nothing was claimable (nothing queued;
+            or sweep_id is finished, or another runner holds it).
         """
         if self.stopping.is_set():
             return None
-        sweep = self.store.claim_sweep(self.runner_id, self.lease_s)
+        sweep = self.store.claim_sweep(self.runner_id, self.lease_s, sweep_id=sweep_id)
         if sweep is None:
             return None
         done = sum(n for s, n in sweep.counts.items() if s not in ("queued", "running"))
@@ -87,7 +97,7 @@ class Runner:
             self.store,
             sweep.id,
             runner_id=self.runner_id,
-            progress=log_progress,
+            progress=self.progress,
             ray_address=self.ray_address,
             lease_s=self.lease_s,
             stop=self.stopping,

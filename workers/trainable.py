@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from service.config import LAYER_METRICS, METRICS
+from service.config import LAYER_METRICS, METRICS, RECORD_KEYS
 
 PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
-RECORD_KEYS = frozenset({"epoch", "diverged", "input_gram", *METRICS})
+RESULT_KEYS = frozenset({*RECORD_KEYS, *METRICS})  # what from_transport keeps of a Tune result
 ARRAY_KEYS = frozenset({*LAYER_METRICS, "input_gram"})
 DEVICE_KEY = "device"  # where the trial ran ("cpu", "cuda:0"); not stored, shown in progress
 TRIAL_KEY = "sweep_trial_id"  # Tune overwrites a result's "trial_id" with its own string id
@@ -92,7 +92,7 @@ def from_transport(result: dict[str, Any]) -> dict[str, Any]:
     """The epoch record inside a Tune result: only the record's own keys (Tune adds its own:
     time_this_iter_s, config, …), per-layer vectors and the input Gram back to float64 arrays."""
     record: dict[str, Any] = {}
-    for key in RECORD_KEYS.intersection(result):
+    for key in RESULT_KEYS.intersection(result):
         value = result[key]
         record[key] = np.asarray(value, dtype=np.float64) if key in ARRAY_KEYS else value
     record["epoch"] = int(record["epoch"])

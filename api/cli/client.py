@@ -27,15 +27,16 @@ from rich.markup import escape
 
 from api.cli.common import CommandError, err, out
 from api.cli.run import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, format_eta
+from service.jsonfmt import NONFINITE
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 PREFIX = "/api/v1"
-FINISHED = ("completed", "cancelled", "failed")
 STATUS_STYLE = {
     "queued": "dim", "running": "blue", "completed": "green", "diverged": "dark_orange",
     "failed": "red", "cancelled": "yellow",
 }  # fmt: skip
 TABLE_ROWS = 50  # rows a table shows unless --limit says otherwise
+JSON_PAGE_ROWS = 10_000  # rows per request up to a --limit (the route's default JSON page)
 LEFT = frozenset({"name", "status", "trials", "activation", "norm", "order", "init", "dataset",
                   "optimizer", "metric", "error"})  # fmt: skip
 
@@ -91,20 +92,21 @@ class Api:
             yield
         except httpx.ConnectError as exc:
             raise CommandError(
-                f"cannot connect to the isosweep API at {escape(self.url)} ({escape(str(exc))}); "
+                f"cannot connect to the isosweep API at {self.url} ({exc}); "
                 "is `isosweep serve` running there? Set --api-url or ISOSWEEP_API_URL"
             ) from None
         except httpx.TimeoutException:
-            raise CommandError(f"the API at {escape(self.url)} did not answer in time") from None
+            raise CommandError(f"the API at {self.url} did not answer in time") from None
         except httpx.HTTPError as exc:
-            raise CommandError(f"talking to {escape(self.url)}: {escape(str(exc))}") from None
+            raise CommandError(f"talking to {self.url}: {exc}") from None
 
     def json(self, method: str, path: str, **kw: Any) -> Any:
         return self.request(method, path, **kw).json()
 
 
 def error_message(r: Any) -> str:
-    """The API's `{"error": {"type", "message", …}}` as one line (markup-escaped)."""
+    """The API's `{"error": {"type", "message", …}}` as one line (plain text: common.fail
+    prints it as given)."""
     try:
         message = r.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
@@ -112,7 +114,7 @@ def error_message(r: Any) -> str:
     hint = ""
     if r.status_code == 401:
         hint = " (set ISOSWEEP_API_TOKEN to the server's token)"
-    return f"{escape(str(message))} (HTTP {r.status_code}){hint}"
+    return f"{message} (HTTP {r.status_code}){hint}"
 
 
 # --- the sub-commands -------------------------------------------------------------------------
@@ -214,18 +216,18 @@ def read_spec(path: Path, *, rerun: bool) -> tuple[bytes, str]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise CommandError(f"cannot read {escape(str(path))}: {exc.strerror or exc}") from None
+        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise CommandError(f"{escape(str(path))} is not UTF-8 text") from None
+        raise CommandError(f"{path} is not UTF-8 text") from None
     media = "application/json" if path.suffix.lower() == ".json" else "application/yaml"
     if not rerun:
         return text.encode(), media
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise CommandError(f"{escape(str(path))} is not YAML or JSON: {escape(str(exc))}") from None
+        raise CommandError(f"{path} is not YAML or JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise CommandError(f"{escape(str(path))}: a sweep spec is a mapping (name, parameters, …)")
+        raise CommandError(f"{path}: a sweep spec is a mapping (name, parameters, …)")
     return json.dumps({**data, "rerun": True}, default=str).encode(), "application/json"
 
 
@@ -233,6 +235,8 @@ def wait(api: Api, sweep: dict[str, Any], *, poll_s: float) -> dict[str, Any]:
     """Poll the sweep until it finishes, with a progress bar on stderr: trials done/total,
     recorded epochs (as a share of those expected) and the server's ETA."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from service.store.sweeps import FINISHED_SWEEP  # here: it imports SQLAlchemy
 
     columns = (
         TextColumn(f"[bold]sweep {sweep['id']}"),
@@ -253,7 +257,7 @@ def wait(api: Api, sweep: dict[str, Any], *, poll_s: float) -> dict[str, Any]:
                 epochs=f"{sweep['progress']:.0%}",
                 eta=format_eta(sweep["eta_s"]) if sweep["status"] == "running" else sweep["status"],
             )
-            if sweep["status"] in FINISHED:
+            if sweep["status"] in FINISHED_SWEEP:
                 return sweep
             time.sleep(poll_s)
             sweep = api.json("GET", f"/sweeps/{sweep['id']}")
@@ -331,16 +335,21 @@ def filters(items: list[str] | None) -> dict[str, list[str]]:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise CommandError(f"--where expects key=value, got {escape(repr(item))}", code=2)
+            raise CommandError(f"--where expects key=value, got {item!r}", code=2)
         out_.setdefault(key.strip(), []).append(value.strip())
     return out_
 
 
 def fetch_rows(api: Api, sweep_id: int, params: dict[str, Any], limit: int | None) -> dict:
-    """JSON rows, page by page (the API sends at most 10,000 per page), up to `limit`."""
+    """JSON rows, page by page, up to `limit`. Every page makes the server read the sweep's
+    frame again, so without a limit the pages are the route's largest (MAX_JSON_ROWS)."""
+    if limit is None:
+        from api.routes.metrics import MAX_JSON_ROWS as size  # here: it imports the routes
+    else:
+        size = JSON_PAGE_ROWS
     rows: list[dict] = []
     while True:
-        want = 10_000 if limit is None else min(10_000, limit - len(rows))
+        want = size if limit is None else min(size, limit - len(rows))
         page = api.json("GET", f"/sweeps/{sweep_id}/metrics",
                         params={**params, "offset": len(rows), "limit": want})  # fmt: skip
         rows += page["data"]
@@ -368,10 +377,9 @@ def save_csv(args: argparse.Namespace, params: dict[str, Any]) -> int:
 
 def number(value: Any) -> str:
     """A cell: finite floats to 6 significant digits; the API's "NaN"/"Infinity" spellings
-    printed as nan / inf / -inf (values, highlighted)."""
-    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
-        word = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}[value]
-        return f"[magenta]{word}[/]"
+    printed as Python writes the floats, nan / inf / -inf (values, highlighted)."""
+    if isinstance(value, str) and value in NONFINITE:
+        return f"[magenta]{NONFINITE[value]}[/]"
     if isinstance(value, float):
         return f"{value:.6g}"
     return "-" if value is None else escape(str(value))

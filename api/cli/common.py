@@ -6,6 +6,7 @@ import sys
 from typing import NoReturn
 
 from rich.console import Console
+from rich.text import Text
 
 # Piped output (logs, `| less`) is not cut to rich's default 80 columns: tables stay whole.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -22,7 +23,9 @@ class CommandError(Exception):
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    """Print `error: message` to stderr and exit. The message is plain text, never markup: it
+    often holds user input (a spec's name, a file path, `[/x]`), printed as given."""
+    err.print(Text.assemble(("error: ", "bold red"), message), highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

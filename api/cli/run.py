@@ -10,7 +10,6 @@ import argparse
 import logging
 import math
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +133,7 @@ def run_spec(args: argparse.Namespace) -> int:
         spec = load_spec(args.spec, settings=store.settings)  # InvalidInput names the field
         if args.rerun:
             spec = spec.model_copy(update={"rerun": True})
-        configure_logging(quiet=args.quiet)
+        configure_logging()
         sweep = store.create_sweep(spec)
         out.print(f"sweep [bold]{sweep.id}[/] ({sweep.name}): {sweep.n_trials} trials")
         if sweep.status == "queued":
@@ -145,7 +144,7 @@ def run_spec(args: argparse.Namespace) -> int:
         store.close()
 
 
-def configure_logging(*, quiet: bool) -> None:
+def configure_logging() -> None:
     from rich.logging import RichHandler
 
     handler = RichHandler(console=err, show_path=False, show_time=False)
@@ -157,45 +156,32 @@ def drive(store, sweep_id: int, *, lease_s: float | None, quiet: bool):
     (then follow its progress from the store until it finishes)."""
     from workers.runner import Runner, SignalStop
 
-    runner = Runner(store, lease_s=lease_s)
-    with Bar(store, sweep_id, quiet=quiet) as bar, SignalStop(runner.stop) as runner.signals:
+    bar = Bar(sweep_id, quiet=quiet)
+    runner = Runner(store, lease_s=lease_s, progress=bar.update)
+    with bar, SignalStop(runner.stop) as runner.signals:
         try:
             while not runner.stopping.is_set():
-                info = store.get_sweep(sweep_id)
-                if info.status not in ("queued", "running"):
-                    return info
-                claimed = store.claim_sweep(runner.runner_id, runner.lease_s, sweep_id=sweep_id)
-                if claimed is None:  # another runner drives it: follow it from the store
-                    bar.follow(info)
+                if runner.run_once(sweep_id) is None:  # finished, or another runner drives it
+                    info = store.get_sweep(sweep_id)
+                    if info.status not in ("queued", "running"):
+                        return info
+                    bar.follow(info)  # follow it from the store
                     runner.stopping.wait(FOLLOW_S)
-                    continue
-                runner.start_ray()
-                _run_claimed(runner, sweep_id, bar)
         finally:
             runner.shutdown()
     return store.get_sweep(sweep_id)
 
 
-def _run_claimed(runner, sweep_id: int, bar: Bar) -> None:
-    from workers.driver import run_sweep
-
-    run_sweep(
-        runner.store,
-        sweep_id,
-        runner_id=runner.runner_id,
-        progress=bar.update,
-        lease_s=runner.lease_s,
-        stop=runner.stopping,
-    )
-
-
 class Bar:
-    """A rich progress bar on stderr: trials done/total, epochs recorded/expected, ETA."""
+    """A rich progress bar on stderr: trials done/total, epochs recorded/expected, ETA.
 
-    def __init__(self, store, sweep_id: int, *, quiet: bool):
+    Updated from one thread (the driver's callbacks and the follow loop run in drive's); rich's
+    Progress locks its own state against its refresh thread.
+    """
+
+    def __init__(self, sweep_id: int, *, quiet: bool):
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.store, self.sweep_id, self.lock = store, sweep_id, threading.Lock()
         self.progress = Progress(
             TextColumn("[bold]sweep {task.fields[sweep]}"),
             BarColumn(),
@@ -219,28 +205,26 @@ class Bar:
 
     def update(self, p: Any) -> None:
         """From the driver: a SweepProgress (epochs count this run's trials only)."""
-        with self.lock:
-            self.progress.update(
-                self.task,
-                total=max(p.epochs_total, 1),
-                completed=p.epochs_done,
-                trials=f"{p.trials_done}/{p.trials_total}",
-                epochs=f"{p.epochs_done}/{p.epochs_total}",
-                eta=format_eta(p.eta_s),
-            )
+        self.progress.update(
+            self.task,
+            total=max(p.epochs_total, 1),
+            completed=p.epochs_done,
+            trials=f"{p.trials_done}/{p.trials_total}",
+            epochs=f"{p.epochs_done}/{p.epochs_total}",
+            eta=format_eta(p.eta_s),
+        )
 
     def follow(self, info: Any) -> None:
         """From the store, while another runner drives the sweep."""
         done = sum(n for s, n in info.counts.items() if s not in ("queued", "running"))
-        with self.lock:
-            self.progress.update(
-                self.task,
-                total=1.0,
-                completed=info.progress,
-                trials=f"{done}/{info.n_trials}",
-                epochs=f"{info.progress:.0%}",
-                eta=format_eta(info.eta_s) + f" (runner {info.runner_id})",
-            )
+        self.progress.update(
+            self.task,
+            total=1.0,
+            completed=info.progress,
+            trials=f"{done}/{info.n_trials}",
+            epochs=f"{info.progress:.0%}",
+            eta=format_eta(info.eta_s) + f" (runner {info.runner_id})",
+        )
 
 
 def format_eta(seconds: float | None) -> str:

@@ -1,14 +1,16 @@
 """`isosweep serve`: the API and a runner together, on the embedded default (SQLite, local Ray).
 
 The API runs here (uvicorn, bound to 127.0.0.1 unless told otherwise) and never imports torch or
-Ray; the runner is a child process (`isosweep runner --database-url URL`) that claims queued
-sweeps and drives Ray Tune. Stopping serve (Ctrl-C, SIGTERM) stops the runner: SIGTERM, then
+Ray; the runner is a child process (`isosweep runner`, the database URL in its environment as
+ISOSWEEP_DATABASE_URL, not in its argv where `ps` shows it) that claims queued sweeps and drives
+Ray Tune. Stopping serve (Ctrl-C, SIGTERM) stops the runner: SIGTERM, then
 SIGKILL after RUNNER_GRACE_S.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import subprocess
@@ -16,7 +18,10 @@ import sys
 import threading
 from pathlib import Path
 
+from rich.markup import escape
+
 from api.cli.common import CommandError, err, out
+from api.cli.run import shown_url
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 RUNNER_GRACE_S = 20.0  # the runner's time to stop its trials before it is killed
@@ -115,9 +120,10 @@ def all_sweeps(store) -> list:
 
 
 def start_runner(database_url: str) -> subprocess.Popen:
-    """`isosweep runner` as a child process; a thread reports it if it stops on its own."""
-    cmd = [sys.executable, "-m", "api.cli.main", "runner", "--database-url", database_url]
-    proc = subprocess.Popen(cmd)
+    """`isosweep runner` as a child process; a thread reports it if it stops on its own. The
+    URL (it may hold a password) goes in the child's environment, not its command line."""
+    cmd = [sys.executable, "-m", "api.cli.main", "runner"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "ISOSWEEP_DATABASE_URL": database_url})
     threading.Thread(target=_watch, args=(proc,), name="runner-watch", daemon=True).start()
     return proc
 
@@ -149,7 +155,7 @@ def announce(settings, runner: subprocess.Popen | None) -> None:
     lines = [
         f"dashboard  [bold]{base}/[/]",
         f"API docs   {base}/docs",
-        f"database   {settings.database_url}",
+        f"database   {escape(shown_url(settings.database_url))}",
         f"runner     {'pid ' + str(runner.pid) if runner else 'not started (--no-runner)'}",
     ]
     out.print(Panel("\n".join(lines), title="isosweep is serving", expand=False))

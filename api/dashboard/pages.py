@@ -22,6 +22,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from api.dashboard import views as v
 from api.errors import status_of
+from api.routes.deps import INT32_MAX
 from service import __version__
 from service.config import METRICS, SCALAR_METRICS
 from service.errors import InvalidInput, IsosweepError, NotFound
@@ -29,7 +30,6 @@ from service.plots import PLOT_KINDS
 from service.store.models import SWEEP_STATUSES
 
 HERE = Path(__file__).resolve().parent
-INT32_MAX = 2**31 - 1
 
 router = APIRouter(include_in_schema=False)
 router.mount("/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")

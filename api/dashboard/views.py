@@ -16,6 +16,7 @@ from markupsafe import Markup, escape
 from service.config import CONFIG_FIELDS, METRICS
 from service.errors import InvalidInput
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
+from service.spec import SweepSpec
 from service.store.models import TRIAL_STATUSES
 
 ACTIVE = frozenset({"queued", "running"})  # a page polls while something is in these
@@ -103,15 +104,18 @@ def text_of(v: Any) -> str:
 
 def axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
     """The swept fields and their values, in the spec's order, then `seed`."""
-    params = spec.get("parameters") or {}
-    out = {k: list(v) for k, v in params.items() if isinstance(v, list)}
-    seeds = spec.get("seeds", 1)
-    out["seed"] = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
-    return out
+    s = _stored(spec)
+    return {**s.axes, "seed": s.seed_list}
 
 
 def fixed(spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in (spec.get("parameters") or {}).items() if not isinstance(v, list)}
+    """The parameters every trial of the sweep shares."""
+    return _stored(spec).fixed
+
+
+def _stored(spec: Mapping[str, Any]) -> SweepSpec:
+    """A SweepSpec over a spec the store validated already (not validated again)."""
+    return SweepSpec.model_construct(**spec)
 
 
 def counts_text(counts: Mapping[str, int]) -> list[tuple[str, int]]:

@@ -19,20 +19,19 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any
 
+from service.store.sweeps import FINISHED_SWEEP
+
 TTL_S = 2.0  # the most a cached answer may lag a change the version does not show
 MAX_BYTES = 128 * 2**20
 MAX_ITEM_BYTES = 32 * 2**20
 FOREVER = -1.0  # the time stamp of an entry that does not expire
 
 
-FINISHED = ("completed", "cancelled", "failed")
-
-
 def sweep_version(info: Any) -> tuple:
     """What changes whenever a sweep's stored results or states do (from a SweepInfo); its
     first item says whether the sweep is finished (its entries never expire)."""
     counts = tuple(sorted(info.counts.items()))
-    return (info.status in FINISHED, info.status, counts, info.progress, info.n_trials)
+    return (info.status in FINISHED_SWEEP, info.status, counts, info.progress, info.n_trials)
 
 
 def size_of(value: Any) -> int:
@@ -54,7 +53,7 @@ class SingleFlightCache:
         self._inflight: dict[Hashable, Future] = {}
         self._bytes = 0
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self.hits = 0  # answers that did not compute (tests count them)
 
     def get(self, key: Hashable, compute: Callable[[], Any], *, final: bool = False) -> Any:
         """The cached value of `key`, or compute() once. `final`: the value cannot go stale
@@ -71,7 +70,6 @@ class SingleFlightCache:
             owner = flight is None
             if owner:
                 flight = self._inflight[key] = Future()
-                self.misses += 1
             else:
                 self.hits += 1
         if not owner:
@@ -104,8 +102,3 @@ class SingleFlightCache:
             while self._bytes > self.max_bytes and self._entries:
                 _, (_, dropped, _) = self._entries.popitem(last=False)
                 self._bytes -= dropped
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._bytes = 0

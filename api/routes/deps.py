@@ -1,20 +1,20 @@
-"""What the routes share: the store and settings of the app, id and paging parameters, config
-filters as query parameters, the `epoch` parameter, and the refusal of unknown parameters."""
+"""What the routes share: the store and settings of the app, id and paging parameters, metric
+names, config filters as query parameters, the `epoch` parameter, and the refusal of unknown
+parameters."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.dependencies.utils import get_flat_params
 from pydantic import Field
 
 from api.routes.cache import SingleFlightCache
-from service.config import CONFIG_FIELDS, TrialConfig
+from service.config import CONFIG_FIELDS, METRICS, TrialConfig
 from service.errors import InvalidInput, StorageError
 from service.settings import Settings
-from service.spec import validate_field
 from service.store import Store
 
 INT32_MAX = 2**31 - 1  # ids and counts are 32-bit integers in Postgres
@@ -22,6 +22,7 @@ INT32_MAX = 2**31 - 1  # ids and counts are 32-bit integers in Postgres
 SweepId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the sweep's id")]
 TrialId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the trial's id")]
 Offset = Annotated[int, Query(ge=0, le=INT32_MAX, description="rows to skip")]
+MetricName = Literal[METRICS]  # type: ignore[valid-type]
 
 
 def get_store(request: Request) -> Store:
@@ -81,14 +82,16 @@ def _is_query(field: Any) -> bool:
 
 
 def _filter_type(name: str) -> Any:
-    """list[T] of a TrialConfig field's type and constraints, ints bounded to 32 bits."""
+    """list[T] of a TrialConfig field's type and constraints, ints bounded to 32 bits. The
+    field's own constraints come last, so they win over the 32-bit bound (depth ≥ 1, not
+    ≥ −2³¹): a value the type layer accepts is one TrialConfig accepts."""
     info = TrialConfig.model_fields[name]
     base = info.annotation
     args = [a for a in get_args(base) if a is not type(None)]
     if type(None) in get_args(base) and len(args) == 1:
         base = args[0]  # Optional[int] → int: a filter value is never null
     extra = [Field(ge=-INT32_MAX - 1, le=INT32_MAX)] if base is int else []
-    meta = [*info.metadata, *extra]
+    meta = [*extra, *info.metadata]
     item = Annotated[base, *meta] if meta else base  # type: ignore[valid-type]
     return list[item]  # type: ignore[valid-type]
 
@@ -105,6 +108,8 @@ def _filter_parameter(name: str) -> inspect.Parameter:
 
 
 def _collect_filters(**given: Any) -> dict[str, list[Any]]:
+    """Config field → accepted values, each already validated by FastAPI against the field's
+    type and constraints (the store validates `where` again)."""
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -112,18 +117,7 @@ _collect_filters.__signature__ = inspect.Signature(  # type: ignore[attr-defined
     [_filter_parameter(name) for name in CONFIG_FIELDS]
 )
 
-
-def config_filters(
-    given: Annotated[dict[str, list[Any]], Depends(_collect_filters)],
-) -> dict[str, list[Any]]:
-    """Config field → accepted values, each validated as TrialConfig validates it."""
-    return {
-        name: [validate_field(name, v, where=name) for v in values]
-        for name, values in given.items()
-    }
-
-
-ConfigFilters = Annotated[dict[str, list[Any]], Depends(config_filters)]
+ConfigFilters = Annotated[dict[str, list[Any]], Depends(_collect_filters)]
 
 
 # --- epochs -----------------------------------------------------------------------------------

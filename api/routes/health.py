@@ -25,6 +25,7 @@ router = APIRouter(tags=["health"])
 CONNECT_TIMEOUT_S = 0.5
 RAY_CACHE_S = 5.0  # a TCP probe at most this often, however often healthz is polled
 DEFAULT_PORTS = {"ray": 10001, "": 6379}  # Ray Client, GCS
+RUNNERS_LISTED = 100  # running sweeps read for their runners' ids (at most a page of the store)
 _probe: dict[str, tuple[float, bool]] = {}
 
 
@@ -36,8 +37,10 @@ _probe: dict[str, tuple[float, bool]] = {}
 def read_health(store: StoreDep) -> Response:
     """Liveness: the database answers a query; Ray's address and the runners holding sweeps."""
     running: list = []
+    total = 0
     try:
-        running, _ = store.list_sweeps(status="running", limit=100)
+        limit = min(RUNNERS_LISTED, store.settings.max_page_size)
+        running, total = store.list_sweeps(status="running", limit=limit)
         db = DatabaseHealth(ok=True, backend=store.dialect)
     except IsosweepError as exc:
         db = DatabaseHealth(ok=False, backend=store.dialect, error=exc.message)
@@ -45,34 +48,29 @@ def read_health(store: StoreDep) -> Response:
         status="ok" if db.ok else "degraded",
         version=__version__,
         database=db,
-        ray=ray_health(running),
+        ray=ray_health(running, total),
     )
     return NonFiniteJSONResponse(health.model_dump(mode="json"), status_code=200 if db.ok else 503)
 
 
-def ray_health(running: list) -> RayHealth:
+def ray_health(running: list, total: int) -> RayHealth:
+    """Where Ray stands; `running` is (the first page of) the running sweeps, `total` their
+    number."""
     address = os.environ.get("RAY_ADDRESS") or None
     runners = sorted({s.runner_id for s in running if s.runner_id})
-    held = f"{len(running)} running sweep(s)" + (
-        f" held by {', '.join(runners)}" if runners else ""
-    )
+    held = f"{total} running sweep(s)" + (f" held by {', '.join(runners)}" if runners else "")
     if address is None or address in ("auto", "local"):
-        detail = "no RAY_ADDRESS: the runner starts and stops a local Ray instance"
-        return RayHealth(
-            address=address,
-            reachable=None,
-            running_sweeps=len(running),
-            runners=runners,
-            detail=f"{detail}; {held}",
-        )
-    reachable = _reachable(address)
-    detail = f"{address} {'accepts' if reachable else 'refuses'} connections; {held}"
+        reachable = None
+        where = "no RAY_ADDRESS: the runner starts and stops a local Ray instance"
+    else:
+        reachable = _reachable(address)
+        where = f"{address} {'accepts' if reachable else 'refuses'} connections"
     return RayHealth(
         address=address,
         reachable=reachable,
-        running_sweeps=len(running),
+        running_sweeps=total,
         runners=runners,
-        detail=detail,
+        detail=f"{where}; {held}",
     )
 
 

@@ -18,6 +18,7 @@ from api.routes.deps import (
     CacheDep,
     ConfigFilters,
     EpochQuery,
+    MetricName,
     Offset,
     StoreDep,
     SweepId,
@@ -26,7 +27,6 @@ from api.routes.deps import (
 )
 from api.routes.tables import csv_chunks, json_rows, parquet_bytes
 from api.schemas import MetricsPublic
-from service.config import METRICS
 from service.errors import LimitExceeded
 
 router = APIRouter(tags=["metrics"])
@@ -35,7 +35,6 @@ DEFAULT_JSON_ROWS = 10_000
 MAX_JSON_ROWS = 100_000
 PARQUET = "application/vnd.apache.parquet"
 
-MetricName = Literal[METRICS]  # type: ignore[valid-type]
 Layer = Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 RESPONSES = {
@@ -79,7 +78,7 @@ def read_metrics(
     epochs = parse_epochs(epoch)
     version = sweep_version(store.get_sweep(sweep_id))
     asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate)
-    key = ("metrics", store.url, sweep_id, version, asked)
+    key = ("metrics", sweep_id, version, asked)  # one store (and one cache) per app
 
     def read():
         try:

@@ -12,8 +12,7 @@ from fastapi import Request
 
 from service.config import TrialConfig
 from service.errors import InvalidInput
-from service.settings import Settings
-from service.spec import SWEPT_BY_SPEC, SweepSpec, parse_spec
+from service.spec import SWEPT_BY_SPEC, SweepSpec
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
@@ -58,11 +57,12 @@ SPEC_BODY = {
 
 
 async def read_spec(request: Request) -> dict[str, Any] | str:
-    """The request's spec: a parsed JSON document, or YAML text for service.spec.parse_spec.
+    """The request's spec, not yet validated: a parsed JSON document, or YAML text, for
+    service.spec.parse_spec (which validates it and refuses what no database can store).
 
     Raises:
         InvalidInput: (field `body`) an empty body, malformed JSON, text that is not UTF-8, an
-            unsupported media type; or a field holding what no database can store.
+            unsupported media type.
     """
     raw = await request.body()
     if not raw.strip():
@@ -85,15 +85,6 @@ async def read_spec(request: Request) -> dict[str, Any] | str:
     except RecursionError:
         raise InvalidInput("the JSON document is nested too deeply", field="body") from None
     return data
-
-
-def parse_body(data: dict[str, Any] | str, settings: Settings) -> SweepSpec:
-    """Validate the spec (service.spec.parse_spec, which also refuses what no database stores).
-
-    Raises:
-        InvalidInput, LimitExceeded: as parse_spec.
-    """
-    return parse_spec(data, settings=settings)
 
 
 def _media_type(header: str | None) -> str | None:

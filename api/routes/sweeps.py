@@ -16,7 +16,7 @@ from api.routes.deps import (
     SweepId,
     TrialId,
 )
-from api.routes.spec_body import SPEC_BODY, parse_body, read_spec
+from api.routes.spec_body import SPEC_BODY, read_spec
 from api.schemas import (
     SweepPublic,
     SweepsPublic,
@@ -25,6 +25,7 @@ from api.schemas import (
     TrialsPublic,
     TrialStatus,
 )
+from service.spec import parse_spec
 
 router = APIRouter(tags=["sweeps"])
 
@@ -54,7 +55,7 @@ async def create_sweep(request: Request, store: StoreDep, settings: SettingsDep)
 
 
 def _create(store: Any, data: Any, settings: Any) -> Any:
-    return store.create_sweep(parse_body(data, settings))
+    return store.create_sweep(parse_spec(data, settings=settings))
 
 
 @router.get("/sweeps", response_model=SweepsPublic, responses=ERROR_RESPONSES)

@@ -14,18 +14,15 @@ import pandas as pd
 from service.jsonfmt import NONFINITE
 
 CSV_CHUNK_ROWS = 5000  # rows per streamed CSV chunk
-_SPELLING = {v: k for k, v in NONFINITE.items() if not np.isnan(v)}  # ±inf → "±Infinity"
 
 
 def spelled_floats(values: np.ndarray) -> np.ndarray:
     """Float64 values as an object array: finite values stay floats, the others become
     "NaN" / "Infinity" / "-Infinity"."""
     out = values.astype(object)  # (n,)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        out[np.isnan(values)] = "NaN"
-        out[values == np.inf] = _SPELLING[np.inf]
-        out[values == -np.inf] = _SPELLING[-np.inf]
+    if not np.isfinite(values).all():
+        for word, x in NONFINITE.items():
+            out[np.isnan(values) if np.isnan(x) else values == x] = word
     return out
 
 

@@ -16,10 +16,18 @@ import pandas as pd
 from service.config import METRICS
 from service.errors import InvalidInput
 from service.plots.labels import METRIC_LABELS, field_label
-from service.plots.select import Lines, check_choice, check_frame, check_metric, wants_log
+from service.plots.select import (
+    GAP_METRICS,
+    Lines,
+    check_choice,
+    check_frame,
+    check_metric,
+    wants_log,
+)
 from service.plots.series import (
     Grid,
     depth_scaling_series,
+    heatmap_axes,
     heatmap_series,
     layer_profile_series,
     theory_lines,
@@ -32,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FORMATS",
+    "GAP_METRICS",
     "METRIC_LABELS",
     "PLOT_KINDS",
     "PLOT_PARAMETERS",
@@ -40,6 +49,7 @@ __all__ = [
     "build_figure",
     "depth_scaling_series",
     "field_label",
+    "heatmap_axes",
     "heatmap_series",
     "layer_profile_series",
     "render",

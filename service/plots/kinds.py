@@ -11,8 +11,10 @@ from service.errors import InvalidInput
 from service.plots import draw
 from service.plots.labels import METRIC_LABELS, field_label, layer_text
 from service.plots.select import (
+    GAP_METRICS,
     Lines,
     absent_note,
+    check_choice,
     config_columns,
     is_layer_metric,
     metric_rows,
@@ -22,18 +24,12 @@ from service.plots.series import (
     default_theory_x,
     depth_scaling_series,
     epoch_subset,
+    heatmap_axes,
     heatmap_series,
     layer_profile_series,
     theory_overlay_series,
     training_curves_series,
 )
-
-GAP_METRICS = ("isometry_gap/linear", "isometry_gap/norm", "isometry_gap/act")
-
-
-def _only(value: str | None, allowed: tuple[str, ...], field: str) -> None:
-    if value is not None and value not in allowed:
-        raise InvalidInput(f"unknown value {value!r}", field=field, allowed=allowed)
 
 
 def _seeds_note(lines: dict[str, pd.DataFrame]) -> str:
@@ -89,7 +85,8 @@ def _xs(lines: dict[str, pd.DataFrame]) -> np.ndarray:
 
 
 def layer_profile(frame, metric, *, x, group_by, epoch, title, **_) -> Figure:
-    _only(x, ("layer",), "x")
+    if x is not None:
+        check_choice(x, ("layer",), "x")
     lines = layer_profile_series(frame, metric, group_by=group_by, epoch=epoch)
     title = title or f"{metric}: profile over layers"
     if not lines:
@@ -125,7 +122,8 @@ def depth_scaling(frame, metric, *, x, group_by, epoch, layer, title, **_) -> Fi
 
 
 def training_curves(frame, metrics, *, x, group_by, layer, title, **_) -> Figure:
-    _only(x, ("epoch",), "x")
+    if x is not None:
+        check_choice(x, ("epoch",), "x")
     per_metric = {
         m: training_curves_series(frame, m, group_by=group_by, layer=layer) for m in metrics
     }
@@ -154,8 +152,7 @@ def training_curves(frame, metrics, *, x, group_by, layer, title, **_) -> Figure
 
 def heatmap(frame, metric, *, x, group_by, epoch, layer, title, **_) -> Figure:
     rows = metric_rows(frame, metric)
-    x = x or "epoch"
-    y = group_by or ("epoch" if x == "layer" else "layer")
+    x, y = heatmap_axes(x, group_by)
     if not rows.empty and "layer" in (x, y) and not is_layer_metric(rows, metric):
         allowed = [c for c in ("epoch", *config_columns(rows)) if c != x]
         msg = f"{metric!r} has no layers: choose the heatmap's second axis"
@@ -175,8 +172,7 @@ def heatmap(frame, metric, *, x, group_by, epoch, layer, title, **_) -> Figure:
 
 
 def theory_overlay(frame, metric, *, x, group_by, epoch, layer, title, theory, **_) -> Figure:
-    if metric not in GAP_METRICS:
-        raise InvalidInput(f"unknown value {metric!r}", field="metric", allowed=GAP_METRICS)
+    check_choice(metric, GAP_METRICS, "metric")
     measured, predicted = theory_overlay_series(
         frame, metric, x=x, group_by=group_by, epoch=epoch, layer=layer, theory=theory
     )

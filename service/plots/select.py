@@ -18,7 +18,8 @@ from service.tidy import AGGREGATE_COLUMNS, aggregate_over_seeds
 REQUIRED_COLUMNS = ("epoch", "metric", "layer", "value")
 # Columns that are not configuration: identity, position, and values (raw or aggregated).
 NOT_CONFIG = frozenset(("trial_id", "seed", *REQUIRED_COLUMNS, *AGGREGATE_COLUMNS))
-SERIES_COLUMNS = ("x", "mean", "lo", "hi", "count", "n_finite")
+# The isometry gaps of a block's sub-layers: what the theory overlay draws (and predicts).
+GAP_METRICS: tuple[str, ...] = tuple(m for m in LAYER_METRICS if m.startswith("isometry_gap/"))
 
 
 def check_choice(value: object, allowed: Sequence[str], field: str) -> None:

@@ -246,5 +246,12 @@ def theory_overlay_series(
     return measured, predicted
 
 
+def heatmap_axes(x: str | None, group_by: str | None) -> tuple[str, str]:
+    """A heatmap's (x, y) axes: x defaults to epoch, y (`group_by`) to layer, or to epoch when
+    x is the layer."""
+    x = x or "epoch"
+    return x, group_by or ("epoch" if x == "layer" else "layer")
+
+
 def default_theory_x(rows: pd.DataFrame) -> str:
     return "depth" if "depth" in rows.columns and rows["depth"].nunique() > 1 else "layer"

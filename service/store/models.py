@@ -114,8 +114,8 @@ class SqlTrial(Base):
     results_from: Mapped[int | None] = mapped_column(ForeignKey("trials.id"))
     summary: Mapped[dict | None] = mapped_column(JSON)  # last epoch's scalars, jsonfmt spelling
 
-    # One column per TrialConfig field, so `where` filters run in SQL. A test checks that this
-    # list matches service.config.CONFIG_FIELDS.
+    # One column per TrialConfig field (service.config.CONFIG_FIELDS), so `where` filters run in
+    # SQL. A test checks that every field has its column.
     depth: Mapped[int] = mapped_column(Integer)
     width: Mapped[int] = mapped_column(Integer)
     activation: Mapped[str] = mapped_column(String(32))
@@ -171,28 +171,3 @@ class SqlArtifact(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     shape: Mapped[list] = mapped_column(JSON)
     data: Mapped[bytes] = mapped_column(LargeBinary)  # little-endian float64, C order
-
-
-CONFIG_COLUMNS: tuple[str, ...] = (
-    "depth",
-    "width",
-    "activation",
-    "activation_gain",
-    "gain_exponent",
-    "norm",
-    "order",
-    "init",
-    "init_gain",
-    "bias",
-    "batch_size",
-    "epochs",
-    "optimizer",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "dataset",
-    "max_train_samples",
-    "eval_norm",
-    "record_every",
-    "seed",
-)

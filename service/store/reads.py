@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, aliased
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
 from service.errors import InvalidInput, LimitExceeded
-from service.spec import SweepSpec, swept_fields
+from service.spec import swept_fields_of
 from service.store import codec
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
 from service.store.sweeps import get_sweep_row
@@ -71,7 +71,7 @@ def read_metrics(
     max_points: int,
 ) -> pd.DataFrame:
     sweep = get_sweep_row(s, sweep_id)
-    fields = swept_fields(SweepSpec.model_validate(sweep.spec))
+    fields = swept_fields_of(sweep.spec)  # the stored spec was validated when it was written
     names = check_metrics(metrics)
     epochs = _check_epoch(epoch)
     layer_list = None if layers is None else _check_ints(layers, "layers", 1)
@@ -106,16 +106,20 @@ def _metric_query(sources: Select, names: list[str], epochs: list[int] | str | N
 
 
 def _check_points(s: Session, q: Select, layers: list[int] | None, max_points: int) -> None:
-    """Count the values the query returns (upper bound with a layer filter), before decoding."""
-    by_metric = s.execute(
-        q.add_columns(SqlMetric.metric, func.count(), func.sum(SqlMetric.n)).group_by(
-            SqlMetric.metric
+    """Count the values the query returns, before decoding: from each row's length `n`, and
+    with a layer filter the filter's layers ℓ ≤ n of each per-layer row."""
+    by_length = s.execute(
+        q.add_columns(SqlMetric.metric, SqlMetric.n, func.count()).group_by(
+            SqlMetric.metric, SqlMetric.n
         )
     ).all()
+    wanted = np.sort(np.unique(layers)) if layers is not None else None
     points = 0
-    for metric, rows, values in by_metric:
-        per_layer = layers is not None and metric in LAYER_METRICS
-        points += rows * len(layers) if per_layer else int(values or 0)
+    for metric, n, rows in by_length:
+        if wanted is not None and metric in LAYER_METRICS:
+            points += rows * int(np.searchsorted(wanted, n, side="right"))  # layers 1..n kept
+        else:
+            points += rows * int(n)
     if points > max_points:
         raise LimitExceeded(
             f"the query would return {points} values, over the limit of {max_points} "

@@ -13,13 +13,12 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service import jsonfmt
-from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
+from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SCALAR_METRICS
 from service.errors import Conflict, InvalidInput, NotFound
 from service.store import codec
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
 
 CHUNK = 500  # rows per executemany
-RECORD_KEYS = ("epoch", "diverged", "input_gram")  # what a record holds besides METRICS
 METRIC_TABLE: Table = SqlMetric.__table__  # type: ignore[assignment]
 ARTIFACT_TABLE: Table = SqlArtifact.__table__  # type: ignore[assignment]
 

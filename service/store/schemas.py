@@ -29,6 +29,12 @@ class SweepInfo(BaseModel):
     error: str | None
     spec: dict[str, Any]  # the validated SweepSpec
 
+    @property
+    def trials_done(self) -> int:
+        """Trials no longer queued or running (finished, reused ones included). A plain property:
+        it is not a field, so model_dump() and the API's JSON do not change."""
+        return sum(n for s, n in self.counts.items() if s not in ("queued", "running"))
+
 
 class TrialInfo(BaseModel):
     """One trial: its config, state, progress and the last recorded epoch's scalar metrics."""

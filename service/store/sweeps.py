@@ -10,12 +10,11 @@ from typing import Any
 from sqlalchemy import and_, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from service.config import TrialConfig, config_hash
+from service.config import CONFIG_FIELDS, TrialConfig, config_hash
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from service.settings import Settings
 from service.spec import SweepSpec, check_limits
 from service.store.models import (
-    CONFIG_COLUMNS,
     FINISHED_TRIAL,
     SWEEP_STATUSES,
     TRIAL_STATUSES,
@@ -86,7 +85,7 @@ def _trial_row(
         "attempts": 0,
         "epochs_done": 0,
         "epochs_total": len(c.recorded_epochs),
-        **{f: getattr(c, f) for f in CONFIG_COLUMNS},
+        **{f: getattr(c, f) for f in CONFIG_FIELDS},
     }
     if src is not None:  # created finished, reading the original's results
         row.update(

@@ -120,7 +120,10 @@ def start_trial(s: Session, trial_id: int) -> TrialInfo:
         raise Conflict(f"trial {trial_id} is {t.status}; it does not run again")
     t.status, t.attempts = "running", t.attempts + 1
     t.started_at, t.finished_at, t.error = utcnow(), None, None
-    t.epochs_done, t.diverged_epoch = 0, None  # this attempt's progress starts over
+    # this attempt's progress starts over: a retry that stops earlier must not keep the last
+    # attempt's last epoch (read_metrics(epoch="last") joins on it) or its summary
+    t.epochs_done, t.diverged_epoch = 0, None
+    t.last_epoch, t.summary = None, None
     for table in (SqlMetric, SqlArtifact):  # and its results: the rows of one attempt only
         s.execute(delete(table).where(table.trial_id == trial_id))
     s.flush()

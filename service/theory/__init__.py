@@ -175,7 +175,6 @@ def activation_summary(
 ) -> dict[str, object]:
     """JSON-ready facts about σ(gain·x): what the API and `isosweep theory` return."""
     act, a = _resolve(name), _check_gain(gain)
-    m = moments(act, a)
     return {
         "name": act.name,
         "gain": a,
@@ -184,9 +183,9 @@ def activation_summary(
         "breakpoints": list(act.breakpoints),
         "homogeneous": act.homogeneous,
         "coefficients": hermite_coefficients(act, a, terms).tolist(),
-        "beta": 2.0 - m["mean_x_sigma"] ** 2 / m["variance"],
-        "kappa_prime0": m["mean_x_sigma"] ** 2 / m["variance"],
-        "moments": m,
+        "beta": isometry_strength(act, a),
+        "kappa_prime0": kappa_prime0(act, a),
+        "moments": moments(act, a),
     }
 
 

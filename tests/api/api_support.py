@@ -1,13 +1,13 @@
-"""Helpers for the API tests: small specs, records whose every value is known, and a filler
-that writes them through the Store (imported by the test modules as `api_support`)."""
+"""Helpers for the API tests: small specs, submitting them, and writing hand-made records
+(tests/records.py) through the Store (imported by the test modules as `api_support`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from records import record, unit_gram, value_of
 
-from service.config import LAYER_METRICS, SCALAR_METRICS
+__all__ = ["fill", "record", "run_trial", "spec", "submit", "unit_gram", "value_of"]
 
 
 def spec(name: str = "s", seeds: int = 2, **parameters: Any) -> dict[str, Any]:
@@ -16,28 +16,34 @@ def spec(name: str = "s", seeds: int = 2, **parameters: Any) -> dict[str, Any]:
     return {"name": name, "parameters": params, "seeds": seeds}
 
 
-def value_of(trial_id: int, epoch: int, metric_index: int, layer: int = 0) -> float:
-    """The value every hand-made record holds: a known function of where it sits."""
-    return 1000.0 * trial_id + 100.0 * epoch + 10.0 * metric_index + layer
+def submit(api: Any, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    """POST the spec (with the bearer token, if any); the sweep as JSON, checked to be a 201."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    r = api.post("/sweeps", json=body, headers=headers)
+    assert r.status_code == 201, r.text
+    return r.json()
 
 
-def record(trial_id: int, epoch: int, depth: int, **override: Any) -> dict[str, Any]:
-    """A full epoch record whose values are value_of(...), then any overrides."""
-    rec: dict[str, Any] = {"epoch": epoch, "diverged": False}
-    for i, m in enumerate(SCALAR_METRICS):
-        rec[m] = value_of(trial_id, epoch, i)
-    for j, m in enumerate(LAYER_METRICS):
-        i = len(SCALAR_METRICS) + j
-        rec[m] = np.array([value_of(trial_id, epoch, i, ell) for ell in range(1, depth + 1)])
-    return {**rec, **override}
-
-
-def unit_gram(n: int, seed: int) -> np.ndarray:
-    """A cosine Gram (unit diagonal, PD) of n random inputs."""
-    X = np.random.default_rng(seed).standard_normal((n, 2 * n))
-    G = X @ X.T
-    d = np.sqrt(np.diag(G))
-    return G / np.outer(d, d)
+def run_trial(
+    api: Any,
+    trial: Any,
+    *,
+    status: str = "completed",
+    error: str | None = None,
+    epochs: int | None = None,
+    **last: Any,
+) -> None:
+    """Start the trial (a TrialInfo), write epochs 0..E (E: its config's epochs unless given;
+    `last` overrides the record of epoch E), and finish it with `status` unless "running"."""
+    api.store.start_trial(trial.id)
+    E = trial.config["epochs"] if epochs is None else epochs
+    depth = trial.config["depth"]
+    batch = [
+        (trial.id, record(trial.id, e, depth, **(last if e == E else {}))) for e in range(E + 1)
+    ]
+    api.store.write_records(batch)
+    if status != "running":
+        api.store.finish_trial(trial.id, status, error=error)
 
 
 def fill(api: Any, sweep_id: int, epochs: int | None = None, gram: bool = True) -> list[dict]:

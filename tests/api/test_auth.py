@@ -6,12 +6,9 @@ from __future__ import annotations
 import pytest
 from api_support import spec
 
+pytestmark = pytest.mark.sqlite_only
+
 TOKEN = "s3cret-token"
-
-
-@pytest.fixture
-def database_url(sqlite_url):
-    return sqlite_url
 
 
 def test_without_a_configured_token_writes_are_open(start_api):

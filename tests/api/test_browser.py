@@ -8,13 +8,16 @@ Skipped when Chromium is missing, unless ISOSWEEP_REQUIRE_BROWSER=1 (CI), where 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
-from api_support import fill, record, spec
+from api_support import fill, record, run_trial, spec, submit, value_of
+from support import require
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+from service.config import METRICS
+
+# The page does not depend on the backend (test_dashboard.py covers both): SQLite.
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.sqlite_only]
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
@@ -33,17 +36,11 @@ PLOTS_DRAWN = """() => {
 }"""
 
 
-@pytest.fixture
-def database_url(sqlite_url):
-    """The page does not depend on the backend (test_dashboard.py covers both): SQLite."""
-    return sqlite_url
-
-
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
         reason = f"Chromium not found at {CHROMIUM} (`make browser` installs Debian's package)"
-        if os.environ.get("ISOSWEEP_REQUIRE_BROWSER", "") not in ("", "0"):
+        if require("ISOSWEEP_REQUIRE_BROWSER"):
             pytest.fail(f"ISOSWEEP_REQUIRE_BROWSER=1 but {reason}")
         pytest.skip(reason)
     from playwright.sync_api import sync_playwright
@@ -80,8 +77,7 @@ def run_all(api, sweep_id):
 
 
 def test_a_finished_sweep_from_the_list_to_its_plots_and_a_trial(api, tab, artifacts_dir):
-    s = api.post("/sweeps", json=spec("bn-depth", depth=[2, 4], init=["gaussian", "orthogonal"]))
-    sid = s.json()["id"]
+    sid = submit(api, spec("bn-depth", depth=[2, 4], init=["gaussian", "orthogonal"]))["id"]
     trials = run_all(api, sid)
 
     tab.goto(api.url + "/")
@@ -107,7 +103,7 @@ def test_a_finished_sweep_from_the_list_to_its_plots_and_a_trial(api, tab, artif
 
 
 def test_a_plot_that_cannot_be_drawn_says_why(api, tab):
-    s = api.post("/sweeps", json=spec("why", seeds=1)).json()
+    s = submit(api, spec("why", seeds=1))
     fill(api, s["id"])
     tab.goto(f"{api.url}/sweeps/{s['id']}?kind=theory_overlay&metric=grad_norm")
     caption = tab.locator("figure.plot .plot-error")
@@ -121,7 +117,7 @@ def test_a_plot_that_cannot_be_drawn_says_why(api, tab):
 
 
 def test_a_running_sweep_updates_in_place(api, tab, browser, artifacts_dir):
-    s = api.post("/sweeps", json=spec("live", seeds=2, epochs=3)).json()  # 2 trials × 4 records
+    s = submit(api, spec("live", seeds=2, epochs=3))  # 2 trials × 4 records
     sid = s["id"]
     api.store.claim_sweep("test-runner", 600.0)
     first, second = api.store.list_trials(sid)[0]
@@ -143,17 +139,14 @@ def test_a_running_sweep_updates_in_place(api, tab, browser, artifacts_dir):
     tab.wait_for_function("() => document.querySelector('#sweep-head .pct').textContent === '50%'")
     row = tab.locator(f'tr[data-trial-id="{first.id}"]')
     row.locator(".badge", has_text="completed").wait_for()
-    assert str(1000 * first.id + 300) in row.inner_text()  # its final train_loss, value_of
+    final_loss = value_of(first.id, 3, METRICS.index("train_loss"))
+    assert f"{final_loss:g}" in row.inner_text()
     index.wait_for_function(
         f"() => document.querySelector('tr[data-sweep-id=\"{sid}\"] .pct').textContent === '50%'"
     )
     tab.screenshot(path=artifacts_dir / "dashboard-running.png", full_page=True)
 
-    api.store.start_trial(second.id)
-    last = {"train_loss": math.inf}
-    batch = [(second.id, record(second.id, e, second.config["depth"], **last)) for e in range(4)]
-    api.store.write_records(batch)
-    api.store.finish_trial(second.id, "completed")
+    run_trial(api, second, train_loss=math.inf)  # epochs 0..3, completed
     api.store.finish_sweep(sid)
     tab.locator("#sweep-head .badge", has_text="completed").wait_for()
     assert tab.locator(f'tr[data-trial-id="{second.id}"] .nonfinite').first.inner_text() == "∞"
@@ -172,8 +165,7 @@ def test_a_running_sweep_updates_in_place(api, tab, browser, artifacts_dir):
 
 def test_cancel_from_the_page_with_the_token(start_api, tab):
     api = start_api(api_token="s3cret")
-    auth = {"Authorization": "Bearer s3cret"}
-    s = api.post("/sweeps", json=spec("stop-me", seeds=1), headers=auth).json()
+    s = submit(api, spec("stop-me", seeds=1), token="s3cret")
     tab.on("dialog", lambda d: d.accept())
     tab.goto(f"{api.url}/sweeps/{s['id']}")
 

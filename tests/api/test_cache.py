@@ -99,11 +99,7 @@ def test_the_version_follows_states_and_progress():
     assert len({a, b, c}) == 3 and not a[0] and c[0]  # only a finished sweep is final
 
 
-@pytest.fixture
-def database_url(sqlite_url):
-    return sqlite_url
-
-
+@pytest.mark.sqlite_only
 def test_answers_follow_every_write(api):
     s = api.post("/sweeps", json=spec(depth=[2], seeds=2, epochs=3)).json()
     trials = fill(api, s["id"], epochs=1)

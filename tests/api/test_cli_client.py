@@ -237,6 +237,23 @@ def test_an_unreachable_server_is_named_in_red(api):
     failed_red(cli(api, "status", "--api-url", url), url)
 
 
+@pytest.mark.parametrize("name", ["[/x]", "[red]x", "[bold]a[/bold] \\[b]"])
+def test_an_error_message_is_printed_as_plain_text_not_markup(name):
+    env = {**os.environ, "COLUMNS": "200", "FORCE_COLOR": "1", "TERM": "xterm"}
+    r = subprocess.run(
+        [str(ISOSWEEP), "theory", name], env=env, capture_output=True, text=True, timeout=60
+    )
+    failed_red(r, f"unknown activation {name!r}")
+    assert "Traceback" not in r.stderr and "MarkupError" not in r.stderr
+
+
+def test_a_servers_message_is_printed_as_given(api):
+    s = submitted(api)
+    r = cli(api, "results", s["id"], "--where", "[red]x=1")
+    failed_red(r, "unknown query parameter", "[red]x", "HTTP 422")
+    assert "\\[" not in r.stderr  # nothing escaped for rich
+
+
 # --- results ----------------------------------------------------------------------------------
 
 NONFINITE = {0: {"train_loss": math.inf, "test_loss": math.nan}, 2: {"test_acc": -math.inf}}
@@ -304,6 +321,34 @@ def test_results_table_and_json(api):
 
     r = cli(api, "results", s["id"], "--limit", "5")
     assert "5 of" in plain(r.stdout) and "rows" in plain(r.stdout)
+
+
+@pytest.mark.parametrize(
+    ("limit", "pages"),
+    [(None, "max"), (25_000, [10_000, 10_000, 5_000]), (7, [7])],
+)
+def test_results_json_pages_every_row_in_the_routes_largest_pages(limit, pages):
+    """Each page makes the server read the sweep's frame again: without --limit, few pages."""
+    from api.cli.client import fetch_rows
+    from api.routes.metrics import MAX_JSON_ROWS
+
+    total = 2 * MAX_JSON_ROWS + 123
+    asked = []
+
+    class Server:
+        def json(self, method, path, params):
+            asked.append(params["limit"])
+            n = max(min(params["limit"], total - params["offset"]), 0)
+            return {"data": [{"i": params["offset"] + k} for k in range(n)], "count": total,
+                    "columns": ["i"]}  # fmt: skip
+
+    page = fetch_rows(Server(), 1, {"metric": []}, limit)
+    if pages == "max":
+        assert asked == [MAX_JSON_ROWS] * 3 and len(page["data"]) == total
+    else:
+        assert asked == pages and len(page["data"]) == limit
+    assert [r["i"] for r in page["data"]] == list(range(len(page["data"])))
+    assert page["count"] == total and page["columns"] == ["i"]
 
 
 def test_results_errors(api):

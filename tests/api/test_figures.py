@@ -3,14 +3,16 @@ predictions of the theory overlay (averaged over seeds, labelled like the measur
 
 from __future__ import annotations
 
+import matplotlib
 import numpy as np
 import pytest
 from api_support import record, unit_gram
 
 from service import figures
-from service.errors import InvalidInput, NotFound
+from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.isometry import isometry_gap
 from service.plots import PLOT_KINDS
+from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
 from service.theory import mean_field_gaps
@@ -132,3 +134,93 @@ def test_one_trial_and_its_errors(store):
     with pytest.raises(InvalidInput) as bad:
         figures.make_plot(store, sweep.id, "heatmap", metric="train_loss", fmt="jpeg")
     assert bad.value.field == "format"
+
+
+@pytest.mark.parametrize(
+    ("kind", "layer", "x", "group_by", "depths", "reads"),
+    [
+        ("depth_scaling", 3, None, None, [10, 20], [3, 10, 20]),
+        ("depth_scaling", None, None, None, [10, 20], [10, 20]),  # the default: ℓ = L
+        ("depth_scaling", -2, None, None, [10, 20], [9, 10, 19, 20]),
+        ("depth_scaling", -15, None, None, [10, 20], [6, 10, 20]),  # no ℓ < 1
+        ("depth_scaling", 0, None, None, [10], None),  # no layer 0: select_layer says so
+        ("training_curves", 2, None, None, [4], [2, 4]),
+        ("theory_overlay", 1, "depth", None, [4, 8], [1, 4, 8]),
+        ("theory_overlay", 1, "layer", None, [4, 8], None),
+        ("theory_overlay", 1, None, None, [4, 8], None),  # x may turn out to be the layer
+        ("heatmap", 2, "depth", "init", [4], [2, 4]),
+        ("heatmap", None, "depth", "epoch", [4], [4]),
+        ("heatmap", 2, None, None, [4], None),  # layer is its default y axis
+        ("heatmap", 2, "layer", None, [4], None),
+        ("layer_profile", None, None, None, [4], None),
+    ],
+)
+def test_a_plot_reads_only_the_layers_it_draws(kind, layer, x, group_by, depths, reads):
+    assert figures.layers_to_read(kind, layer, x, group_by, depths) == reads
+
+
+@pytest.mark.parametrize(
+    ("kind", "metric", "options"),
+    [
+        ("depth_scaling", "grad_norm", {"layer": 3}),
+        ("depth_scaling", "grad_norm", {"layer": -2, "epoch": 0}),
+        ("depth_scaling", "grad_norm", {}),
+        ("training_curves", ["grad_norm", "train_loss"], {"layer": -1}),
+        ("theory_overlay", "isometry_gap/norm", {"x": "depth", "layer": 2}),
+        ("heatmap", "grad_norm", {"x": "depth", "group_by": "epoch", "layer": 4}),
+    ],
+)
+def test_a_single_layer_plot_reads_one_layer_and_draws_the_same(
+    sqlite_url, monkeypatch, kind, metric, options
+):
+    with Store(sqlite_url) as store:
+        sweep, _ = _sweep(store, seeds=2, n=4, depth=[10, 20])  # 2 × 10 + 2 × 20 values per metric
+    small = Settings(max_points=40)  # fewer than every layer of one metric at one epoch, × 2
+    with Store(sqlite_url, settings=small) as store, matplotlib.rc_context({"svg.hashsalt": "t"}):
+        plot = figures.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
+        assert plot.lstrip().startswith(b"<?xml")
+        monkeypatch.setattr(figures, "layers_to_read", lambda *args: None)  # as it was
+        with pytest.raises(LimitExceeded):
+            figures.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
+    with Store(sqlite_url) as store, matplotlib.rc_context({"svg.hashsalt": "t"}):
+        every_layer = figures.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
+    assert plot == every_layer  # the same figure, byte for byte
+
+
+def test_a_layer_a_trial_lacks_is_still_named(store):
+    sweep, _ = _sweep(store, seeds=1, depth=[3, 5])
+    with pytest.raises(InvalidInput) as exc:
+        figures.make_plot(store, sweep.id, "depth_scaling", metric="grad_norm", layer=7)
+    assert exc.value.field == "layer" and exc.value.allowed == ["1..5", "-1..-5"]
+
+
+def test_the_prediction_uses_the_init_gain_and_the_centering(store):
+    sweep, _ = _sweep(
+        store, seeds=1, depth=3, activation="sigmoid", activation_gain=0.8, init_gain=[1.0, 2.0],
+        norm=["layer", "layer_scale"],
+    )  # fmt: skip
+    frame = store.read_metrics(sweep.id, metrics="isometry_gap/act", epoch=[0])
+    theory, title = figures.overlay_predictions(
+        store, frame, "isometry_gap/act", x="layer", group_by="init_gain", epoch=None, layer=None
+    )
+    assert sorted(theory) == ["1, layer", "1, layer_scale", "2, layer", "2, layer_scale"]
+    for label, (layers, gaps) in theory.items():
+        g, norm = label.split(", ")
+        expected = mean_field_gaps(
+            "sigmoid", 3, unit_gram(6, 100), gain=0.8 * float(g), stage="act",
+            centered=norm == "layer",
+        )  # fmt: skip
+        np.testing.assert_allclose(gaps, expected, rtol=1e-12)
+        assert list(layers) == [1, 2, 3]
+    different = [theory[k][1] for k in ("1, layer", "2, layer", "2, layer_scale")]
+    assert not np.allclose(different[0], different[1])  # the gain enters
+    assert not np.allclose(different[1], different[2])  # and the centering
+    assert "assumes" not in title  # layer_scale is the theory's too (centered=False)
+
+
+def test_each_gap_metric_has_its_theory_stage():
+    from service.plots import GAP_METRICS
+    from service.theory import STAGES
+
+    assert list(figures.STAGE_OF) == list(GAP_METRICS)
+    assert sorted(figures.STAGE_OF.values()) == sorted(STAGES)

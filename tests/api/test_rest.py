@@ -10,21 +10,16 @@ import statistics
 import numpy as np
 import pandas as pd
 import pytest
-from api_support import fill, record, spec, value_of
+from api_support import fill, record, spec, submit, value_of
+from scipy import stats
 
 from service.activations import ACTIVATION_NAMES
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
 from service.jsonfmt import decode_float
 from service.plots import PLOT_KINDS
+from service.tidy import AGGREGATE_COLUMNS
 
-T_975_2 = 4.302652729911275  # Student t quantile t_{0.975} with 2 degrees of freedom
 INDEX = {m: i for i, m in enumerate(METRICS)}  # the metric's index in value_of
-
-
-def submit(api, body):
-    r = api.post("/sweeps", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
 
 
 # --- sweeps ---------------------------------------------------------------------------------
@@ -156,6 +151,37 @@ def test_trials_filter_by_config_fields_and_status(api):
     assert "depth" in r.json()["error"]["allowed"]
 
 
+def test_status_parameters_offer_the_stores_statuses(api):
+    from service.store.models import SWEEP_STATUSES, TRIAL_STATUSES
+
+    doc = api.client.get(f"{api.url}/openapi.json").json()
+    for path, statuses in (
+        ("/api/v1/sweeps", SWEEP_STATUSES),
+        ("/api/v1/sweeps/{sweep_id}/trials", TRIAL_STATUSES),
+    ):
+        (status,) = [p for p in doc["paths"][path]["get"]["parameters"] if p["name"] == "status"]
+        assert status["schema"]["anyOf"][0]["enum"] == list(statuses)
+    schemas = doc["components"]["schemas"]
+    assert schemas["SweepPublic"]["properties"]["status"]["enum"] == list(SWEEP_STATUSES)
+    assert schemas["TrialPublic"]["properties"]["status"]["enum"] == list(TRIAL_STATUSES)
+
+
+def test_config_filters_keep_each_fields_own_bounds(api):
+    """The 32-bit bound of integer filters must not override a field's own: depth ≥ 1."""
+    doc = api.client.get(f"{api.url}/openapi.json").json()
+    for path in ("/api/v1/sweeps/{sweep_id}/trials", "/api/v1/sweeps/{sweep_id}/metrics"):
+        params = {p["name"]: p for p in doc["paths"][path]["get"]["parameters"]}
+        depth = params["depth"]["schema"]["anyOf"][0]["items"]
+        assert depth["minimum"] == 1 and depth["maximum"] == 2**31 - 1
+        assert params["seed"]["schema"]["anyOf"][0]["items"]["minimum"] == 0
+    s = submit(api, spec(depth=[2, 3], seeds=1))
+    for route in ("trials", "metrics", "plots/layer_profile"):
+        for params, field in (({"depth": 0}, "depth"), ({"seed": -1}, "seed")):
+            r = api.get(f"/sweeps/{s['id']}/{route}", params=params)
+            assert r.status_code == 422, (route, params, r.text)
+            assert r.json()["error"]["field"] == field, r.text
+
+
 def test_read_trial_spells_nonfinite_summary(api):
     s = submit(api, spec(depth=[2], seeds=1, epochs=1))
     (t,) = api.get(f"/sweeps/{s['id']}/trials").json()["data"]
@@ -247,23 +273,15 @@ def test_metrics_aggregate_over_seeds_matches_hand_computation(api):
     api.store.write_records([(ids[0], bad)])
     params = {"metric": ["test_loss", "grad_norm"], "aggregate": "true"}
     agg = frame_of(api.get(f"/sweeps/{s['id']}/metrics", params=params).json())
-    assert list(agg.columns) == [
-        "depth",
-        "epoch",
-        "metric",
-        "layer",
-        "mean",
-        "std",
-        "ci95",
-        "count",
-        "n_finite",
-    ]
+    assert list(agg.columns) == ["depth", "epoch", "metric", "layer", *AGGREGATE_COLUMNS]
     sd = 1000.0 * statistics.stdev(ids)  # values differ across seeds by 1000·trial_id
+    t_975 = stats.t.ppf(0.975, df=len(ids) - 1)  # Student t quantile, 2 degrees of freedom
     for e in (0, 1):
         row = agg[(agg["metric"] == "test_loss") & (agg["epoch"] == e)].iloc[0]
-        assert row["mean"] == pytest.approx(1000.0 * statistics.mean(ids) + 100 * e + 10 * 2)
+        mean = statistics.mean(value_of(i, e, INDEX["test_loss"]) for i in ids)
+        assert row["mean"] == pytest.approx(mean)
         assert row["std"] == pytest.approx(sd)
-        assert row["ci95"] == pytest.approx(T_975_2 * sd / math.sqrt(3))
+        assert row["ci95"] == pytest.approx(t_975 * sd / math.sqrt(3))
         assert row["count"] == 3 and row["n_finite"] == 3
     nan_row = agg[(agg["metric"] == "grad_norm") & (agg["epoch"] == 1) & (agg["layer"] == 2)]
     assert nan_row["mean"].item() == "NaN" and nan_row["n_finite"].item() == 2
@@ -468,10 +486,17 @@ def test_healthz_reports_the_database_and_ray(api, monkeypatch):
     assert h["ray"]["address"] == "127.0.0.1:1" and h["ray"]["reachable"] is False
 
 
-def test_dashboard_placeholder_lists_sweeps(api):
-    import httpx
-
-    submit(api, spec("<b>bold</b>", seeds=1))
-    page = httpx.get(f"{api.url}/")
-    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
-    assert "&lt;b&gt;bold&lt;/b&gt;" in page.text  # names are escaped
+def test_healthz_with_a_small_page_size_counts_every_running_sweep(start_api, monkeypatch):
+    """ISOSWEEP_MAX_PAGE_SIZE under healthz's own page must not read as a database failure."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    api = start_api(max_page_size=1)
+    for name, runner in (("a", "r1"), ("b", "r2")):
+        submit(api, spec(name, seeds=1))
+        assert api.store.claim_sweep(runner, 60.0) is not None
+    r = api.get("/healthz")
+    assert r.status_code == 200, r.text
+    h = r.json()
+    assert h["status"] == "ok" and h["database"]["ok"] is True
+    assert h["ray"]["running_sweeps"] == 2  # the total, though one page lists one sweep
+    assert len(h["ray"]["runners"]) == 1 and "2 running sweep(s)" in h["ray"]["detail"]
+    assert start_api(max_page_size=50).get("/healthz").json()["status"] == "ok"

@@ -42,22 +42,30 @@ def test_runner_is_started_with_the_agreed_command(monkeypatch):
     class FakePopen:
         pid = 4242
 
-        def __init__(self, cmd):
-            seen["cmd"] = cmd
+        def __init__(self, cmd, env=None):
+            seen["cmd"], seen["env"] = cmd, env
 
         def wait(self, timeout=None):
             return 0
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
-    serve.start_runner("sqlite:///x.db")
-    assert seen["cmd"] == [
-        sys.executable,
-        "-m",
-        "api.cli.main",
-        "runner",
-        "--database-url",
-        "sqlite:///x.db",
-    ]
+    monkeypatch.setenv("ISOSWEEP_RUNNER_LEASE_S", "30")
+    url = "postgresql+psycopg://user:s3cret@db:5432/isosweep"
+    serve.start_runner(url)
+    # The URL travels in the environment: a password on the command line shows in `ps`.
+    assert seen["cmd"] == [sys.executable, "-m", "api.cli.main", "runner"]
+    assert seen["env"]["ISOSWEEP_DATABASE_URL"] == url
+    assert seen["env"]["ISOSWEEP_RUNNER_LEASE_S"] == "30"  # the rest of serve's environment
+
+
+def test_the_banner_hides_the_database_password(capsys):
+    from service.settings import Settings
+
+    url = "postgresql+psycopg://user:s3cret@db:5432/isosweep"
+    serve.announce(Settings(database_url=url), None)
+    shown = capsys.readouterr().out
+    assert "s3cret" not in shown
+    assert "postgresql+psycopg://user:***@db:5432/isosweep" in shown
 
 
 def _child(ignore_term: bool) -> subprocess.Popen:

@@ -49,12 +49,46 @@ def test_gain_must_be_positive_and_finite(bad):
         parse_trial_config({"activation_gain": bad})
 
 
+# For each field, a valid value other than its default.
+OTHER_VALUE = {
+    "depth": 11,
+    "width": 101,
+    "activation": "tanh",
+    "activation_gain": 1.5,
+    "gain_exponent": 0.4,
+    "norm": "layer",
+    "order": "act_norm",
+    "init": "orthogonal",
+    "init_gain": 2.0,
+    "bias": True,
+    "batch_size": 64,
+    "epochs": 11,
+    "optimizer": "adam",
+    "lr": 0.1,
+    "momentum": 0.9,
+    "weight_decay": 1e-4,
+    "dataset": "gaussian",
+    "max_train_samples": 500,
+    "eval_norm": "batch",
+    "record_every": 2,
+    "seed": 1,
+}
+
+
 def test_hash_depends_on_every_field_and_not_on_key_order():
     a = TrialConfig(depth=5, width=7)
     b = parse_trial_config({"width": 7, "depth": 5})
     assert config_hash(a) == config_hash(b)
     assert config_hash(a) != config_hash(TrialConfig(depth=5, width=7, seed=1))
     assert "seed" in CONFIG_FIELDS
+    assert set(OTHER_VALUE) == set(CONFIG_FIELDS)  # a new field needs a value here
+    default = TrialConfig()
+    hashes = {config_hash(default)}
+    for field in CONFIG_FIELDS:
+        changed = parse_trial_config({field: OTHER_VALUE[field]})
+        assert getattr(changed, field) != getattr(default, field), field
+        assert config_hash(changed) not in hashes, field  # differs from the default and the rest
+        hashes.add(config_hash(changed))
 
 
 def test_nonfinite_json_roundtrip():

@@ -17,10 +17,13 @@ from scipy import stats
 from service.config import METRICS
 from service.errors import InvalidInput
 from service.plots import (
+    GAP_METRICS,
     METRIC_LABELS,
     PLOT_KINDS,
     build_figure,
     depth_scaling_series,
+    field_label,
+    heatmap_axes,
     heatmap_series,
     layer_profile_series,
     render,
@@ -408,3 +411,30 @@ def test_a_filtered_swept_field_is_named_in_the_figure(frame):
     assert "init = orthogonal" in note and "depth =" not in note
     fig = build_figure("depth_scaling", frame, metric="grad_norm", layer=1, group_by="init")
     assert "init =" not in fig.axes[0].get_title(loc="left")
+
+
+@pytest.mark.parametrize(
+    ("x", "group_by", "axes"),
+    [
+        (None, None, ("epoch", "layer")),
+        ("layer", None, ("layer", "epoch")),
+        ("depth", None, ("depth", "layer")),
+        ("depth", "init", ("depth", "init")),
+        (None, "depth", ("epoch", "depth")),
+    ],
+)
+def test_heatmap_default_axes(frame, x, group_by, axes):
+    assert heatmap_axes(x, group_by) == axes
+    one = frame  # a cell holds one configuration: fix what is not an axis
+    if "init" not in axes:
+        one = one[one["init"] == "gaussian"]
+    if "depth" not in axes:
+        one = one[one["depth"] == 20]
+    ax = build_figure("heatmap", one, metric="grad_norm", x=x, group_by=group_by).axes[0]
+    drawn = (ax.get_xlabel(), ax.get_ylabel())
+    assert tuple(label.replace("\n", " ") for label in drawn) == tuple(map(field_label, axes))
+
+
+def test_gap_metrics_are_the_isometry_gaps_of_the_layers():
+    assert GAP_METRICS == ("isometry_gap/linear", "isometry_gap/norm", "isometry_gap/act")
+    assert set(GAP_METRICS) <= set(METRICS)

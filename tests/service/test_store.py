@@ -4,18 +4,19 @@ results, cancel, claims and leases, the finish rule, trial filters and paging.""
 import math
 import threading
 import time
+from typing import get_args
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from service.config import CONFIG_FIELDS
+from service.config import CONFIG_FIELDS, TrialConfig
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound, StorageError
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
-from service.store.models import CONFIG_COLUMNS, TRIAL_STATUSES, Base, SqlTrial
+from service.store.models import TRIAL_STATUSES, Base, SqlTrial
 
 
 @pytest.fixture
@@ -56,8 +57,12 @@ def test_migrations_match_the_models(store):
 
 
 def test_every_config_field_has_a_trial_column():
-    assert CONFIG_COLUMNS == CONFIG_FIELDS
-    assert set(CONFIG_FIELDS) <= set(SqlTrial.__table__.columns.keys())
+    columns = SqlTrial.__table__.columns
+    missing = [f for f in CONFIG_FIELDS if f not in columns]
+    assert missing == []
+    for f in CONFIG_FIELDS:  # nullable exactly where the field may be None
+        optional = type(None) in get_args(TrialConfig.model_fields[f].annotation)
+        assert columns[f].nullable == optional, f
 
 
 def test_reopening_and_concurrent_starts_migrate_once(database_url):
@@ -128,6 +133,19 @@ def test_get_and_list_sweeps(store):
     assert store.get_sweep(ids[0]).name == "s0"
     with pytest.raises(NotFound):
         store.get_sweep(10_000)
+
+
+def test_a_layer_filter_counts_exactly_the_values_it_returns(store):
+    sweep = store.create_sweep(_spec())  # depth 2 and 3, 2 seeds, epochs 0..4
+    for t in store.list_trials(sweep.id)[0]:
+        _run(store, t)
+    query = dict(metrics=["grad_norm", "train_loss"], layers=[2, 3, 50])
+    frame = store.read_metrics(sweep.id, **query)
+    assert len(frame) == 2 * 5 * (1 + 1) + 2 * 5 * (2 + 1)  # depth 2: ℓ = 2; depth 3: ℓ = 2, 3
+    assert len(store.read_metrics(sweep.id, max_points=len(frame), **query)) == len(frame)
+    with pytest.raises(LimitExceeded) as exc:
+        store.read_metrics(sweep.id, max_points=len(frame) - 1, **query)
+    assert f"would return {len(frame)} values" in exc.value.message
 
 
 def test_paging_is_bounded(database_url):
@@ -274,6 +292,23 @@ def test_a_new_attempt_starts_from_no_stored_results(store):
     assert epochs.tolist() == [0, 1] and values.tolist() == [math.inf, math.inf]
 
 
+def test_a_retry_that_stops_earlier_resets_last_epoch_and_summary(store):
+    sweep = store.create_sweep(_spec(seeds=1))
+    t = store.list_trials(sweep.id)[0][0]
+    depth = t.config["depth"]
+    store.start_trial(t.id)
+    store.write_records([(t.id, _record(e, depth, value=float(e))) for e in range(4)])  # 0..3
+    assert store.get_trial(t.id).last_epoch == 3
+    fresh = store.start_trial(t.id)  # a retry: nothing of the last attempt is left
+    assert fresh.last_epoch is None and fresh.summary == {}
+    store.write_records([(t.id, _record(e, depth, value=10.0 + e)) for e in range(2)])  # 0..1
+    info = store.get_trial(t.id)
+    assert info.last_epoch == 1 and info.summary == {"train_loss": 11.0}
+    last = store.read_metrics(sweep.id, epoch="last")
+    assert set(last["epoch"]) == {1} and set(last["metric"]) == {"train_loss", "grad_norm"}
+    assert last.loc[last["metric"] == "train_loss", "value"].tolist() == [11.0]
+
+
 # --- trials ----------------------------------------------------------------------------------
 
 
@@ -327,5 +362,7 @@ def test_progress_and_eta(store):
     info = store.get_sweep(sweep.id)
     assert info.progress == pytest.approx(2 / 8)  # 2 of 4 + 4 records
     assert info.eta_s is not None and info.eta_s > 0
+    assert info.trials_done == 0 and "trials_done" not in info.model_dump()
     store.finish_trial(t[0].id, "diverged")  # stopped early: counts in full
     assert store.get_sweep(sweep.id).progress == pytest.approx(4 / 8)
+    assert store.get_sweep(sweep.id).trials_done == 1

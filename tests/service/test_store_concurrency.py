@@ -6,7 +6,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from service.config import LAYER_METRICS
 from service.spec import parse_spec
@@ -74,7 +73,7 @@ def test_concurrent_claims_never_share_a_sweep(database_url):
 def test_reader_polls_while_writer_writes(database_url):
     with Store(database_url) as store:
         sweep = store.create_sweep(_spec("rw"))
-    trial_ids = [t.id for t in Store(database_url, migrate=False).list_trials(sweep.id)[0]]
+        trial_ids = [t.id for t in store.list_trials(sweep.id)[0]]
     done = threading.Event()
     counts = {"writes": 0, "reads": 0}
 
@@ -133,10 +132,9 @@ def test_two_writers_queue_instead_of_failing(database_url):
         assert len(frame) == len(trials) * n_epochs * DEPTH
 
 
-@pytest.mark.parametrize("n", [3])
-def test_concurrent_cancel_and_claim_agree(database_url, n):
+def test_concurrent_cancel_and_claim_agree(database_url):
     with Store(database_url) as store:
-        ids = [store.create_sweep(_spec(f"c{i}", seeds=1)).id for i in range(n)]
+        ids = [store.create_sweep(_spec(f"c{i}", seeds=1)).id for i in range(3)]
 
     def cancel():
         with Store(database_url, migrate=False) as s:

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from records import record
 from sqlalchemy import func, select
 
 from service.config import METRICS
@@ -54,18 +55,6 @@ def _sweep(store, depths=(DEPTH,), seeds=2, epochs=3, norm="batch"):
     return sweep, store.list_trials(sweep.id)[0]
 
 
-def _record(epoch, depth, scale=1.0, **extra):
-    """A full record whose every value is a known function of (epoch, metric, layer)."""
-    layer = np.arange(1, depth + 1, dtype=np.float64)
-    rec = {"epoch": epoch, "diverged": False}
-    for i, m in enumerate(METRICS):
-        if "/" in m or m in ("weight_isometry_gap", "grad_norm"):
-            rec[m] = scale * (100 * epoch + 10 * i + layer)
-        else:
-            rec[m] = scale * (100 * epoch + i)
-    return {**rec, **extra}
-
-
 def _rows(store):
     with store.engine.connect() as conn:
         return conn.execute(select(func.count()).select_from(SqlMetric)).scalar()
@@ -74,7 +63,7 @@ def _rows(store):
 def test_nonfinite_values_round_trip_bit_exactly(store):
     _, trials = _sweep(store)
     t = trials[0].id
-    rec = _record(0, DEPTH, train_loss=SPECIALS[3], test_acc=-math.inf)
+    rec = record(0, 0, DEPTH, train_loss=SPECIALS[3], test_acc=-math.inf)
     rec["isometry_gap/act"] = SPECIALS
     store.write_records([(t, rec)])
     epochs, act = store.trial_history(t, "isometry_gap/act")
@@ -92,10 +81,10 @@ def test_nonfinite_values_round_trip_bit_exactly(store):
 def test_writing_an_epoch_again_replaces_it(store):
     _, trials = _sweep(store)
     t = trials[0].id
-    store.write_records([(t, _record(e, DEPTH)) for e in range(3)])
+    store.write_records([(t, record(0, e, DEPTH)) for e in range(3)])
     n = _rows(store)
     assert n == 3 * len(METRICS)
-    store.write_records([(t, _record(1, DEPTH, scale=-1.0))])  # a retried epoch
+    store.write_records([(t, record(0, 1, DEPTH, scale=-1.0))])  # a retried epoch
     assert _rows(store) == n
     epochs, g = store.trial_history(t, "grad_norm")
     assert epochs.tolist() == [0, 1, 2]
@@ -103,11 +92,11 @@ def test_writing_an_epoch_again_replaces_it(store):
     assert g[1].tolist() == (-(100 + 10 * gn + np.arange(1, 9))).tolist()
     assert g[2, 0] == 200 + 10 * gn + 1  # other epochs untouched
     # the same epoch twice in one batch: the later record wins, still one row per metric
-    store.write_records([(t, _record(2, DEPTH, scale=2.0)), (t, _record(2, DEPTH, scale=3.0))])
+    store.write_records([(t, record(0, 2, DEPTH, scale=2.0)), (t, record(0, 2, DEPTH, scale=3.0))])
     assert _rows(store) == n
     assert store.trial_history(t, "train_loss")[1][2] == 3.0 * 200
-    smaller = {k: v for k, v in _record(2, DEPTH).items() if k != "grad_norm"}
-    store.write_records([(t, smaller), (t, _record(2, DEPTH, scale=4.0))])
+    smaller = {k: v for k, v in record(0, 2, DEPTH).items() if k != "grad_norm"}
+    store.write_records([(t, smaller), (t, record(0, 2, DEPTH, scale=4.0))])
     assert _rows(store) == n  # the later, complete record decides what epoch 2 holds
     assert store.trial_history(t, "grad_norm")[1][2, 0] == 4.0 * (200 + 10 * gn + 1)
 
@@ -115,8 +104,8 @@ def test_writing_an_epoch_again_replaces_it(store):
 def test_a_rewritten_epoch_loses_metrics_it_no_longer_has(store):
     _, trials = _sweep(store)
     t = trials[0].id
-    store.write_records([(t, _record(0, DEPTH))])
-    smaller = {k: v for k, v in _record(0, DEPTH).items() if k != "isometry_gap/norm"}
+    store.write_records([(t, record(0, 0, DEPTH))])
+    smaller = {k: v for k, v in record(0, 0, DEPTH).items() if k != "isometry_gap/norm"}
     store.write_records([(t, smaller)])
     assert store.trial_history(t, "isometry_gap/norm")[0].size == 0
     assert _rows(store) == len(METRICS) - 1
@@ -125,26 +114,26 @@ def test_a_rewritten_epoch_loses_metrics_it_no_longer_has(store):
 def test_bad_records_write_nothing(store):
     _, trials = _sweep(store)
     t = trials[0].id
-    good = (t, _record(0, DEPTH))
+    good = (t, record(0, 0, DEPTH))
     cases = [
-        ({**_record(1, DEPTH), "isometry_gap/lin": 1.0}, "record.isometry_gap/lin"),
-        ({**_record(1, DEPTH), "grad_norm": np.ones(DEPTH + 1)}, "record.grad_norm"),
-        ({**_record(1, DEPTH), "train_loss": "low"}, "record.train_loss"),
-        ({**_record(1, DEPTH), "train_loss": None}, "record.train_loss"),
-        ({**_record(1, DEPTH), "epoch": 4}, "record.epoch"),  # the trial has epochs 0..3
-        ({k: v for k, v in _record(1, DEPTH).items() if k != "epoch"}, "record.epoch"),
-        ({**_record(1, DEPTH), "input_gram": np.ones((2, 3))}, "record.input_gram"),
+        ({**record(0, 1, DEPTH), "isometry_gap/lin": 1.0}, "record.isometry_gap/lin"),
+        ({**record(0, 1, DEPTH), "grad_norm": np.ones(DEPTH + 1)}, "record.grad_norm"),
+        ({**record(0, 1, DEPTH), "train_loss": "low"}, "record.train_loss"),
+        ({**record(0, 1, DEPTH), "train_loss": None}, "record.train_loss"),
+        ({**record(0, 1, DEPTH), "epoch": 4}, "record.epoch"),  # the trial has epochs 0..3
+        ({k: v for k, v in record(0, 1, DEPTH).items() if k != "epoch"}, "record.epoch"),
+        ({**record(0, 1, DEPTH), "input_gram": np.ones((2, 3))}, "record.input_gram"),
     ]
-    for record, field in cases:
+    for rec, field in cases:
         with pytest.raises(InvalidInput) as exc:
-            store.write_records([good, (t, record)])
+            store.write_records([good, (t, rec)])
         assert exc.value.field == field
     assert _rows(store) == 0
     with pytest.raises(InvalidInput) as exc:
-        store.write_records([(t, {**_record(1, DEPTH), "loss": 1.0})])
+        store.write_records([(t, {**record(0, 1, DEPTH), "loss": 1.0})])
     assert "train_loss" in exc.value.allowed
     with pytest.raises(NotFound):
-        store.write_records([good, (10**6, _record(0, DEPTH))])
+        store.write_records([good, (10**6, record(0, 0, DEPTH))])
     assert _rows(store) == 0
 
 
@@ -152,7 +141,7 @@ def test_records_update_progress_divergence_and_summary(store):
     _, trials = _sweep(store, epochs=6)
     t = trials[0].id
     store.start_trial(t)
-    store.write_records([(t, _record(0, DEPTH)), (t, _record(1, DEPTH))])
+    store.write_records([(t, record(0, 0, DEPTH)), (t, record(0, 1, DEPTH))])
     info = store.get_trial(t)
     assert (info.epochs_done, info.epochs_total, info.last_epoch) == (2, 7, 1)
     assert info.summary["train_loss"] == 100.0 and set(info.summary) == {
@@ -164,27 +153,27 @@ def test_records_update_progress_divergence_and_summary(store):
         "head_grad_norm",
         "head_weight_isometry_gap",
     }
-    store.write_records([(t, _record(2, DEPTH, diverged=True, train_loss=math.nan))])
+    store.write_records([(t, record(0, 2, DEPTH, diverged=True, train_loss=math.nan))])
     info = store.get_trial(t)
     assert info.diverged_epoch == 2 and math.isnan(info.summary["train_loss"])
-    store.write_records([(t, _record(0, DEPTH))])  # an older epoch leaves the summary alone
+    store.write_records([(t, record(0, 0, DEPTH))])  # an older epoch leaves the summary alone
     assert store.get_trial(t).last_epoch == 2
 
 
 def test_reused_trials_cannot_be_written(store):
     _, trials = _sweep(store, seeds=1)
-    store.write_records([(trials[0].id, _record(0, DEPTH))])
+    store.write_records([(trials[0].id, record(0, 0, DEPTH))])
     store.finish_trial(trials[0].id, "completed")
     _, again = _sweep(store, seeds=1)
     with pytest.raises(Conflict):
-        store.write_records([(again[0].id, _record(0, DEPTH))])
+        store.write_records([(again[0].id, record(0, 0, DEPTH))])
 
 
 def test_input_gram_round_trip(store):
     _, trials = _sweep(store)
     gram = np.array([[1.0, 0.5, -0.25], [0.5, 1.0, math.inf], [-0.25, math.inf, 1.0]])
     assert store.input_gram(trials[0].id) is None
-    store.write_records([(trials[0].id, _record(0, DEPTH, input_gram=gram))])
+    store.write_records([(trials[0].id, record(0, 0, DEPTH, input_gram=gram))])
     got = store.input_gram(trials[0].id)
     assert got.shape == (3, 3) and (bits(got) == bits(gram)).all()
     with pytest.raises(NotFound):
@@ -198,7 +187,7 @@ def _filled(store):
     for t in trials:
         d, seed = t.config["depth"], t.config["seed"]
         for e in range(3):
-            rec = _record(e, d)
+            rec = record(0, e, d)
             batch.append((t.id, {k: (v + seed if k in METRICS else v) for k, v in rec.items()}))
     store.write_records(batch)
     return sweep, trials
@@ -239,7 +228,7 @@ def test_filters_epoch_layers_where_and_last(store):
     last = store.read_metrics(sweep.id, metrics="train_loss", epoch="last", where={"depth": 3})
     assert last["epoch"].tolist() == [2, 2] and last["depth"].tolist() == [3, 3]
     # a trial that stopped early: its own last epoch
-    store.write_records([(trials[0].id, _record(0, 2))])
+    store.write_records([(trials[0].id, record(0, 0, 2))])
     lone = store.read_metrics(sweep.id, metrics="train_loss", epoch="last", where={"seed": 0})
     assert sorted(lone["epoch"].tolist()) == [2, 2]  # last_epoch stays the highest stored
 
@@ -248,7 +237,7 @@ def test_aggregate_over_seeds(store):
     sweep, _ = _filled(store)
     agg = store.read_metrics(sweep.id, metrics="train_loss", epoch=1, aggregate=True)
     assert list(agg.columns) == ["depth", "epoch", "metric", "layer", *AGGREGATE_COLUMNS]
-    base = 100 + METRICS.index("train_loss")
+    base = 100 + 10 * METRICS.index("train_loss")  # value_of(0, epoch 1, train_loss)
     assert agg["mean"].tolist() == [base + 0.5, base + 0.5]  # seeds add 0 and 1
     assert agg["std"].tolist() == pytest.approx([math.sqrt(0.5)] * 2)
     assert agg["count"].tolist() == [2, 2]
@@ -295,7 +284,7 @@ def test_history_shapes(store):
     t = trials[0].id
     empty_e, empty_v = store.trial_history(t, "grad_norm")
     assert empty_e.shape == (0,) and empty_v.shape == (0, DEPTH)
-    store.write_records([(t, _record(e, DEPTH)) for e in (2, 0, 1)])
+    store.write_records([(t, record(0, e, DEPTH)) for e in (2, 0, 1)])
     epochs, v = store.trial_history(t, "grad_norm")
     assert epochs.tolist() == [0, 1, 2] and v.shape == (3, DEPTH)
     assert v[:, 0].tolist() == [e * 100 + 10 * METRICS.index("grad_norm") + 1 for e in range(3)]
@@ -306,7 +295,7 @@ def test_artifacts_are_stored_once_per_trial(store):
     _, trials = _sweep(store)
     t = trials[0].id
     for scale in (1.0, 2.0):
-        store.write_records([(t, _record(0, DEPTH, input_gram=scale * np.eye(2)))])
+        store.write_records([(t, record(0, 0, DEPTH, input_gram=scale * np.eye(2)))])
     with store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(SqlArtifact)).scalar() == 1
     assert store.input_gram(t).tolist() == [[2.0, 0.0], [0.0, 2.0]]

@@ -3,13 +3,12 @@ Table 5.1 / B.1, Theorem 5.1), a finite-width simulation, and the `isosweep theo
 
 import json
 import math
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import isosweep_command
 
 from service import jsonfmt, theory
 from service.activations import ACTIVATION_NAMES, ACTIVATIONS, LEAKY_SLOPE, Activation
@@ -552,6 +551,9 @@ def test_summaries_are_json_ready_and_complete():
     assert s["params"] == {"negative_slope": LEAKY_SLOPE} and s["breakpoints"] == [0.0]
     assert len(s["coefficients"]) == 6 and s["gain"] == 2.0
     assert s["beta"] + s["kappa_prime0"] == pytest.approx(2.0, abs=1e-15)
+    assert s["beta"] == theory.isometry_strength("leaky_relu", 2.0)  # the same numbers, exactly
+    assert s["kappa_prime0"] == theory.kappa_prime0("leaky_relu", 2.0)
+    assert s["moments"] == theory.moments("leaky_relu", 2.0)
     assert json.loads(jsonfmt.dumps(s))["coefficients"][1] == pytest.approx(
         2.0 * (1 + LEAKY_SLOPE) / 2
     )
@@ -564,12 +566,9 @@ def test_summaries_are_json_ready_and_complete():
 
 
 def isosweep(*args):
-    exe = shutil.which("isosweep", path=str(Path(sys.executable).parent))
-    if exe is None:  # pragma: no cover - a fresh checkout: `pip install -e . --no-deps`
-        pytest.skip("the isosweep console script is not installed in this environment")
-    return subprocess.run(
-        [exe, "theory", *args], capture_output=True, text=True, cwd=REPO, timeout=120
-    )
+    """`isosweep theory ARGS` as a user runs it (support.isosweep_command)."""
+    cmd = [*isosweep_command(), "theory", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
 def test_cli_json_summary():

@@ -1,4 +1,6 @@
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -83,3 +85,19 @@ def test_matches_numpy_group_by_group_on_random_data():
             std = np.std(v, ddof=1) if len(v) > 1 else np.nan
         np.testing.assert_allclose(row.std, std, rtol=1e-9)
         assert row.count == len(v) and row.n_finite == np.isfinite(v).sum()
+
+
+def test_t_interval_matches_scipy_stats_for_every_group_size():
+    sizes = [*range(2, 12), 30, 100]
+    frame = _frame({n: [float(k * k) for k in range(n)] for n in sizes})
+    by_depth = aggregate_over_seeds(frame).set_index("depth")
+    for n in sizes:
+        std = by_depth.loc[n, "std"]
+        expected = stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)
+        assert by_depth.loc[n, "ci95"] == pytest.approx(expected, rel=1e-13)
+
+
+def test_importing_tidy_does_not_import_scipy_stats():
+    code = "import sys, service.tidy; print('scipy.stats' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -16,11 +16,6 @@ GRID = np.concatenate(
 )
 
 
-# Known registry defects (service/activations.py), reported for a fix; strict, so the marks must
-# go once fixed: numpy sigmoid 0.5·(1 + tanh(x/2)) cancels to 0 for x ≪ 0 (use scipy's expit);
-# torch softplus switches to x above 20, off by e^(−x) (pass threshold=40).
-
-
 @pytest.mark.parametrize("name", ACTIVATION_NAMES)
 def test_torch_and_numpy_agree(name):
     act = ACTIVATIONS[name]

@@ -51,7 +51,7 @@ def test_json_lines_per_recorded_epoch(tmp_path):
     # digits has 64 features < n = 100: block 1's Linear Gram is singular, spelled "Infinity"
     assert r0["isometry_gap/linear"][0] == "Infinity"
     assert decode_float(r0["isometry_gap/linear"][0]) == math.inf
-    assert all(v == "Infinity" for v in r0["isometry_gap/norm"])  # centering BN at n = d
+    assert all(v == "Infinity" for v in r0["isometry_gap/norm"])  # n = 100 > d = 32: singular
     assert len(r0["input_gram"]) == 100 and "input_gram" not in recs[1]
     assert r0["diverged"] is False
 

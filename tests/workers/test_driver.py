@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 from expected_rows import expected_keys, row_keys
+from records import record, value_of
+from support import TINY
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
 from service.settings import Settings
@@ -38,17 +40,6 @@ class FakeTrial:
         self.config = {PARAM_KEY: {"trial_id": trial_id, "config": {}}}
         self.error_file = error_file
         self.num_failures = num_failures
-
-
-def record(epoch, depth, *, value=1.0, diverged=False, **extra):
-    """A record whose values are a known function of (epoch, metric, layer)."""
-    rec = {"epoch": epoch, "diverged": diverged}
-    for i, m in enumerate(METRICS):
-        if m in LAYER_METRICS:
-            rec[m] = value * (100 * epoch + 10 * i + np.arange(1, depth + 1, dtype=np.float64))
-        else:
-            rec[m] = value * (100 * epoch + i)
-    return {**rec, **extra}
 
 
 def tune_result(trial_id, rec):
@@ -83,15 +74,11 @@ def callback_for(store, sweep, trials, control=None, **kw):
     return StoreCallback(store, control, tracker, final_epochs=final, **kw), control
 
 
-def history(store, trial_id, metric):
-    return store.trial_history(trial_id, metric)
-
-
 # --- transport --------------------------------------------------------------------------------
 
 
 def test_transport_keeps_nonfinite_values_bit_exact_and_drops_tune_keys():
-    rec = record(3, 4, train_loss=math.nan, test_loss=-math.inf)
+    rec = record(0, 3, 4, train_loss=math.nan, test_loss=-math.inf)
     rec["grad_norm"] = np.array([math.inf, -0.0, 5e-324, math.nan])
     rec["input_gram"] = np.array([[1.0, math.nan], [math.nan, 1.0]])
     back = from_transport(tune_result(7, rec))
@@ -108,7 +95,7 @@ def test_transport_keeps_nonfinite_values_bit_exact_and_drops_tune_keys():
 
 
 def test_transport_names_the_trial_and_device_beside_tunes_trial_id():
-    result = tune_result(7, record(0, 2))
+    result = tune_result(7, record(0, 0, 2))
     assert result[TRIAL_KEY] == 7 and result["device"] == "cpu"
     assert result["trial_id"] == "abc_00001"  # Tune's own, which is why ours has another key
 
@@ -168,18 +155,18 @@ def test_callback_writes_in_batches_and_completes(store):
     cb.progress = lambda p: seen.append((p.event, p.epochs_done, p.trials_done))
     cb.on_trial_start(0, [], FakeTrial(a))
     assert store.get_trial(a).status == "running" and store.get_trial(a).attempts == 1
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2)))
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
     assert store.get_trial(a).epochs_done == 0  # buffered: one record is not a batch
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(1, 2)))
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 1, 2)))
     assert store.get_trial(a).epochs_done == 2  # the batch of two went in one write
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(2, 2, train_loss=math.inf)))
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2, 2, train_loss=math.inf)))
     cb.on_trial_complete(0, [], FakeTrial(a))
     t = store.get_trial(a)
     assert (t.status, t.epochs_done, t.last_epoch, t.diverged_epoch) == ("completed", 3, 2, None)
-    epochs, grad = history(store, a, "grad_norm")
+    epochs, grad = store.trial_history(a, "grad_norm")
     assert epochs.tolist() == [0, 1, 2]
-    assert np.array_equal(grad, np.stack([record(e, 2)["grad_norm"] for e in range(3)]))
-    assert history(store, a, "train_loss")[1].tolist() == [0.0, 100.0, math.inf]
+    assert np.array_equal(grad, np.stack([record(0, e, 2)["grad_norm"] for e in range(3)]))
+    assert store.trial_history(a, "train_loss")[1].tolist() == [0.0, 100.0, math.inf]
     # 3 records of 2 trials × 3 epochs: one trial of two done, half the epochs
     assert seen[-1] == ("finish", 3, 1)
     assert [e for e, *_ in seen] == ["start", "record", "record", "record", "finish"]
@@ -190,7 +177,7 @@ def test_callback_flushes_by_age_on_step_end(store):
     a = trials[0].id
     cb, _ = callback_for(store, sweep, trials, flush_records=1000, flush_s=0.0)
     cb.on_trial_start(0, [], FakeTrial(a))
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2)))
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
     assert store.get_trial(a).epochs_done == 0
     cb.on_step_end(0, [])
     assert store.get_trial(a).epochs_done == 1
@@ -201,13 +188,13 @@ def test_diverged_record_marks_the_trial_diverged(store):
     a = trials[0].id
     cb, _ = callback_for(store, sweep, trials)
     cb.on_trial_start(0, [], FakeTrial(a))
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2)))
-    bad = record(1, 2, diverged=True, train_loss=math.nan)
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
+    bad = record(0, 1, 2, diverged=True, train_loss=math.nan)
     cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, bad))
     cb.on_trial_complete(0, [], FakeTrial(a))
     t = store.get_trial(a)
     assert (t.status, t.diverged_epoch, t.last_epoch) == ("diverged", 1, 1)
-    assert math.isnan(history(store, a, "train_loss")[1][1])
+    assert math.isnan(store.trial_history(a, "train_loss")[1][1])
 
 
 def test_a_trial_that_stops_early_without_diverging_is_failed(store):
@@ -215,7 +202,7 @@ def test_a_trial_that_stops_early_without_diverging_is_failed(store):
     a = trials[0].id
     cb, _ = callback_for(store, sweep, trials)
     cb.on_trial_start(0, [], FakeTrial(a))
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2)))
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
     cb.on_trial_complete(0, [], FakeTrial(a))
     t = store.get_trial(a)
     assert t.status == "failed" and "epoch 0 of 5" in t.error
@@ -230,22 +217,23 @@ def test_retry_starts_a_new_attempt_then_failure_stores_the_error(store, tmp_pat
     trial = FakeTrial(a, error_file=str(path), num_failures=1)
     cb.on_trial_start(0, [], trial)
     for e in (0, 1):
-        cb.on_trial_result(0, [], trial, tune_result(a, record(e, 2)))
+        cb.on_trial_result(0, [], trial, tune_result(a, record(0, e, 2)))
     cb.on_trial_recover(0, [], trial)  # flushes the first attempt's records
     assert store.get_trial(a).epochs_done == 2
     assert cb.tracker.status[a] == "queued"
     cb.on_trial_start(0, [], trial)
     t = store.get_trial(a)
     assert (t.attempts, t.epochs_done, t.status) == (2, 0, "running")
-    cb.on_trial_result(0, [], trial, tune_result(a, record(0, 2, value=2.0)))
+    cb.on_trial_result(0, [], trial, tune_result(a, record(0, 0, 2, scale=2.0)))
     trial.num_failures = 2
     cb.on_trial_error(0, [], trial)
     t = store.get_trial(a)
     assert t.status == "failed" and t.attempts == 2
     assert t.error.startswith("DataUnavailable: dataset 'mnist' is not available in /data\n\n")
     # the stored rows are the last attempt's alone: its epoch 0, not the first attempt's epoch 1
-    assert history(store, a, "train_loss")[0].tolist() == [0]
-    assert history(store, a, "head_grad_norm")[1][0] == 2.0 * METRICS.index("head_grad_norm")
+    assert store.trial_history(a, "train_loss")[0].tolist() == [0]
+    head = value_of(0, 0, METRICS.index("head_grad_norm"))
+    assert store.trial_history(a, "head_grad_norm")[1][0] == 2.0 * head
 
 
 def test_after_the_lease_is_lost_nothing_is_written(store):
@@ -254,7 +242,7 @@ def test_after_the_lease_is_lost_nothing_is_written(store):
     cb, control = callback_for(store, sweep, trials)
     cb.on_trial_start(0, [], FakeTrial(a))
     control.lost.set()
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2)))
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
     cb.on_trial_complete(0, [], FakeTrial(a))
     t = store.get_trial(a)
     assert (t.status, t.epochs_done, t.last_epoch) == ("running", 0, None)
@@ -266,7 +254,7 @@ def test_a_trial_cancelled_while_queued_is_skipped(store):
     cb, _ = callback_for(store, sweep, trials)
     store.request_cancel(sweep.id)  # queued trials become cancelled at once
     cb.on_trial_start(0, [], FakeTrial(a))
-    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2)))
+    cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
     cb.on_trial_complete(0, [], FakeTrial(a))
     t = store.get_trial(a)
     assert (t.status, t.attempts, t.last_epoch) == ("cancelled", 0, None)
@@ -276,7 +264,7 @@ def test_progress_counts_the_whole_sweep_and_estimates_time_left(store):
     sweep, trials = claimed_sweep(store, epochs=3, seeds=3)  # 3 trials × 4 records
     first = trials[0].id
     store.start_trial(first)
-    store.write_records([(first, record(e, 2)) for e in range(4)])
+    store.write_records([(first, record(0, e, 2)) for e in range(4)])
     store.finish_trial(first, "completed")
     p = new_progress(store.get_sweep(sweep.id), store.runnable_trials(sweep.id))
     assert (p.trials_total, p.trials_done, p.epochs_total, p.epochs_done) == (3, 1, 8, 0)
@@ -338,24 +326,13 @@ def test_heartbeat_notices_another_runner_took_over(store):
 def test_run_sweep_with_nothing_to_run_finishes_without_ray(store):
     sweep, trials = claimed_sweep(store, epochs=0, seeds=1)
     store.start_trial(trials[0].id)
-    store.write_records([(trials[0].id, record(0, 2))])
+    store.write_records([(trials[0].id, record(0, 0, 2))])
     store.finish_trial(trials[0].id, "completed")
     info = run_sweep(store, sweep.id, runner_id=RUNNER)
     assert info.status == "completed" and info.progress == 1.0
 
 
-# --- real Ray -----------------------------------------------------------------------------------
-
-TINY = {"width": 16, "batch_size": 32, "dataset": "digits", "norm": "batch", "activation": "relu"}
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
+# --- real Ray (the session's local instance: ray_local in conftest.py) --------------------------
 
 
 def run_spec(store, spec: dict, **kw):
@@ -406,14 +383,16 @@ def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_loc
             assert store.url not in repr(p) and "sqlite" not in repr(p)
         # the numbers are fit()'s own: the same config and seed on one CPU thread, bit for bit
         t = trials[-1]
-        for rec in fit(t.config):
+        fitted = list(fit(t.config))
+        for rec in fitted:
             for m in METRICS:
                 if m == "epoch_time_s":
                     continue
                 epochs, values = store.trial_history(t.id, m)
                 stored = values[list(epochs).index(rec["epoch"])]
                 assert np.array_equal(stored, rec[m], equal_nan=True), (m, rec["epoch"])
-        assert np.array_equal(store.input_gram(t.id), fit(t.config).__next__()["input_gram"])
+        assert fitted[0]["epoch"] == 0  # the record that carries the input Gram
+        assert np.array_equal(store.input_gram(t.id), fitted[0]["input_gram"])
 
 
 @pytest.mark.ray

@@ -151,6 +151,9 @@ def test_batch_mode_uses_batch_statistics_and_writes_nothing():
     spec, p, s = build(norm="batch", depth=3)
     before = {k: v.clone() for k, v in s.items()}
     a, _ = nn.forward(spec, p, s, x_batch(), "batch")
+    assert s.keys() == before.keys()
+    for k, v in before.items():  # "batch" neither wrote nor replaced any running statistic
+        assert torch.equal(s[k], v), k
     b, _ = nn.forward(spec, p, s, x_batch(), "train")
     torch.testing.assert_close(a, b)  # same statistics: the batch's own
     assert not torch.equal(s["mean1"], before["mean1"])  # but only "train" updated them

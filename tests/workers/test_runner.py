@@ -8,26 +8,25 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 from expected_rows import expected_keys, row_keys
+from support import TINY, isosweep_command
 
 from service.spec import parse_spec
 from service.store import Store
 from workers.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"width": 16, "batch_size": 32, "dataset": "digits", "norm": "batch", "activation": "relu"}
 
 
 def isosweep(*args, timeout=300):
-    """The CLI as a user runs it (`python -m api.cli.main` is the console script's target)."""
+    """The CLI as a user runs it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "api.cli.main", *args]
+    cmd = [*isosweep_command(), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
 
 
@@ -94,15 +93,6 @@ def test_run_stores_the_rows_then_reuses_them(tmp_path):
 # --- the Runner in this process ---------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 def submit(store, name, *, priority=0, epochs=1, seeds=1, depth=2):
     spec = {
         "name": name,
@@ -111,6 +101,21 @@ def submit(store, name, *, priority=0, epochs=1, seeds=1, depth=2):
         "priority": priority,
     }
     return store.create_sweep(parse_spec(spec))
+
+
+def test_run_once_of_one_sweep_never_claims_another(sqlite_url):
+    """`isosweep run`'s claim: that sweep or nothing (no Ray is started when nothing is claimed)."""
+    with Store(sqlite_url) as store:
+        ahead = submit(store, "ahead", priority=5)
+        held = submit(store, "held")
+        assert store.claim_sweep("other", 60, sweep_id=held.id).id == held.id
+        runner = Runner(store, runner_id="me")
+        assert runner.run_once(held.id) is None  # another runner drives it
+        assert runner.run_once(held.id + 100) is None  # no such sweep: nothing to claim
+        assert not runner.started_ray
+        left = store.get_sweep(ahead.id)  # queued ahead of it, and not taken
+        assert (left.status, left.runner_id) == ("queued", None)
+        assert store.get_sweep(held.id).runner_id == "other"
 
 
 @pytest.mark.ray
@@ -194,7 +199,7 @@ def kill_session(proc: subprocess.Popen) -> None:
 
 
 def start_runner(url: str, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "api.cli.main", "runner", "--database-url", url]
+    cmd = [*isosweep_command(), "runner", "--database-url", url]
     cmd += ["--lease-s", "3", "--poll-s", "0.5", "--num-cpus", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with log.open("w") as f:

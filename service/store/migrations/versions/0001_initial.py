@@ -17,7 +17,7 @@ depends_on = None
 
 
 def _config_columns() -> list[sa.Column]:
-    """TrialConfig's fields, in its order (service/store/models.py, CONFIG_COLUMNS)."""
+    """TrialConfig's fields, in its order (service.config.CONFIG_FIELDS)."""
     name = sa.String(32)
     return [
         sa.Column("depth", sa.Integer(), nullable=False),

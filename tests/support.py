@@ -1,0 +1,34 @@
+"""Helpers that test modules in every folder share (imported as `support`; a conftest.py cannot
+be imported by name: each folder has one, and `import conftest` finds whichever came last)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+# The smallest real training trial: the Ray tests of the driver and the runner sweep over it.
+TINY = {"width": 16, "batch_size": 32, "dataset": "digits", "norm": "batch", "activation": "relu"}
+
+
+def require(var: str) -> bool:
+    """Whether the CI switch `var` (ISOSWEEP_REQUIRE_POSTGRES, …_BROWSER) makes a backend
+    mandatory: a missing one then fails the test instead of skipping it."""
+    return os.environ.get(var, "") not in ("", "0")
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on at the moment."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def isosweep_command() -> list[str]:
+    """The `isosweep` command line: the console script next to this Python, or, in a checkout
+    where it is not installed, its target module run by this Python."""
+    exe = Path(sys.executable).with_name("isosweep")
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return [str(exe)]
+    return [sys.executable, "-m", "api.cli.main"]
