@@ -5,7 +5,8 @@
 
 Routes live under /api/v1 (api/routes), OpenAPI at /openapi.json and /docs, the dashboard at /.
 Errors have one shape (api/errors.py); NaN/±inf are "NaN", "Infinity", "-Infinity"
-(api/schemas.py). Requests pass the token check and the body limit first (api/guards.py).
+(api/schemas.py). Requests pass the guards first (api/guards.py): the Host allow-list, the
+refusal of cross-origin mutations, the token, the API's media types, the body limit.
 Nothing here imports torch or Ray.
 """
 
@@ -24,12 +25,20 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 from api import dashboard
+from api.cache import SingleFlightCache
 from api.errors import install_error_handlers
-from api.guards import MUTATING, BodyLimit, TokenAuth
+from api.guards import (
+    MUTATING,
+    BodyLimit,
+    HostCheck,
+    MediaType,
+    SameOrigin,
+    TokenAuth,
+    open_path,
+)
 from api.routes import api_router
-from api.routes.cache import SingleFlightCache
-from api.routes.spec_body import spec_components
 from api.schemas import NonFiniteJSONResponse
+from api.spec_body import spec_components
 from service import __version__
 from service.settings import Settings, get_settings
 from service.store import Store
@@ -40,9 +49,13 @@ the mean-field theory. NaN and ±inf are the JSON strings "NaN", "Infinity", "-I
 Errors: `{"error": {"type", "message", "field", "allowed"}}`. See docs/api.md."""
 
 
-def create_app(settings: Settings | None = None, *, store: Store | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, store: Store | None = None, runner: Any = None
+) -> FastAPI:
     """The API app. A store passed in stays the caller's to close; otherwise the app opens one
-    on startup (running migrations) and closes it on shutdown."""
+    on startup (running migrations) and closes it on shutdown. `runner`: what supervises the
+    runner beside the API (`isosweep serve`: api.cli.supervise.RunnerSupervisor, whose
+    `status()` healthz reports), or None when no runner is supervised here."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -70,13 +83,18 @@ def create_app(settings: Settings | None = None, *, store: Store | None = None) 
     )
     app.state.settings = settings
     app.state.store = store
+    app.state.runner = runner
     app.state.cache = SingleFlightCache()  # metric frames and plots, per sweep version
     install_error_handlers(app)
     app.include_router(api_router)
     app.include_router(dashboard.router)
     _offline_docs(app)
+    # Added innermost first: a request meets HostCheck first, BodyLimit last (api/guards.py).
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(TokenAuth, token=settings.api_token)  # added last: runs first
+    app.add_middleware(MediaType)
+    app.add_middleware(TokenAuth, token=settings.api_token, open_reads=settings.open_reads)
+    app.add_middleware(SameOrigin)
+    app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
 
@@ -92,7 +110,7 @@ def _offline_docs(app: FastAPI) -> None:
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
         return get_swagger_ui_html(
-            openapi_url=app.openapi_url,
+            openapi_url=app.openapi_url or "/openapi.json",
             title="isosweep API",
             swagger_js_url="/docs-assets/swagger-ui-bundle.js",
             swagger_css_url="/docs-assets/swagger-ui.css",
@@ -102,7 +120,7 @@ def _offline_docs(app: FastAPI) -> None:
 
 def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     """FastAPI's document, plus the SweepSpec body schema and, with a token, bearer security
-    on every mutating operation."""
+    on every operation that needs it (mutating ones; reads too unless reads are open)."""
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(
@@ -111,9 +129,11 @@ def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     doc.setdefault("components", {}).setdefault("schemas", {}).update(spec_components())
     if settings.api_token:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-        for ops in doc["paths"].values():
+        for path, ops in doc["paths"].items():
             for method, op in ops.items():
-                if method.upper() in MUTATING:
+                if open_path(path):
+                    continue
+                if method.upper() in MUTATING or not settings.open_reads:
                     op["security"] = [{"bearer": []}]
     app.openapi_schema = doc
     return doc

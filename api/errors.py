@@ -4,9 +4,11 @@
                "allowed": null}}
 
 Every error the API sends looks like this: domain errors by the table below; request validation
-(FastAPI's own 422), unknown paths (404) and methods (405) reshaped into it; a missing token
-(401) and a body over the limit (413) from the guards. A 500 ("internal") is only ever a bug in
-isosweep: it is logged with its traceback, and the message says so.
+(FastAPI's own 422), unknown paths (404) and methods (405) reshaped into it; a Host not allowed
+(400), a missing token (401), a cross-origin mutation (403) and a body over the limit (413) from
+the guards (api/guards.py). A 500 ("internal") is only ever a bug in isosweep: it is logged with
+its traceback, and the message says so. Any text renders (unpaired surrogates are escaped), and
+a message names at most MAX_ERRORS fields and MAX_MESSAGE characters.
 """
 
 from __future__ import annotations
@@ -30,16 +32,35 @@ from service.errors import (
     StorageError,
     Unauthorized,
 )
+from service.spec import MAX_ERRORS  # the same cap on the spec's own messages
 
 log = logging.getLogger("isosweep.api")
+
+
+MAX_MESSAGE = 4000  # characters of a message; a longer one is cut
 
 
 class BodyTooLarge(LimitExceeded):
     """The request body is over Settings.max_body_bytes."""
 
 
+class Forbidden(IsosweepError):
+    """A request the server will not serve whoever asks: a mutation from another origin."""
+
+    kind = "forbidden"
+
+
+class BadHost(IsosweepError):
+    """The Host header is not among Settings.allowed_hosts (a DNS-rebinding page, or a name
+    the server was not told it is reached under)."""
+
+    kind = "bad_host"
+
+
 # Most specific first: an error takes the status of the first class it is an instance of.
 STATUS: dict[type[IsosweepError], int] = {
+    BadHost: 400,
+    Forbidden: 403,
     BodyTooLarge: 413,
     LimitExceeded: 422,
     InvalidInput: 422,
@@ -55,6 +76,7 @@ STATUS: dict[type[IsosweepError], int] = {
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorPublic, "description": text}
     for code, text in (
+        (401, "a token is configured (and reads are not open) and this one is wrong"),
         (404, "no such sweep, trial, activation or plot kind"),
         (422, "a bad parameter or body field (named), or a request over a limit"),
         (503, "the database is unreachable"),
@@ -63,6 +85,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     401: {"model": ErrorPublic, "description": "a token is configured and this one is wrong"},
+    403: {"model": ErrorPublic, "description": "a browser sent this from another origin"},
     409: {"model": ErrorPublic, "description": "the request does not fit the current state"},
     413: {"model": ErrorPublic, "description": "the body is over ISOSWEEP_MAX_BODY_BYTES"},
 }
@@ -78,7 +101,27 @@ def status_of(exc: IsosweepError) -> int:
 def error_body(
     type_: str, message: str, field: str | None = None, allowed: list[str] | None = None
 ) -> dict[str, Any]:
-    return {"error": {"type": type_, "message": message, "field": field, "allowed": allowed}}
+    """The one error shape; any string renders (an unpaired surrogate from a request's JSON is
+    shown escaped), and a message over MAX_MESSAGE characters is cut."""
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + f"… ({len(message) - MAX_MESSAGE} more characters)"
+    return {
+        "error": {
+            "type": type_,
+            "message": printable(message),
+            "field": None if field is None else printable(field),
+            "allowed": None if allowed is None else [printable(a) for a in allowed],
+        }
+    }
+
+
+def printable(text: str) -> str:
+    """`text`, with what UTF-8 cannot encode (unpaired surrogates) as \\udxxx escapes."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(exc: IsosweepError) -> NonFiniteJSONResponse:
@@ -98,17 +141,20 @@ async def _domain(_: Request, exc: Exception) -> NonFiniteJSONResponse:
 
 async def _validation(_: Request, exc: Exception) -> NonFiniteJSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return NonFiniteJSONResponse(validation_body(exc.errors()), status_code=422)
+    return NonFiniteJSONResponse(validation_body(list(exc.errors())), status_code=422)
 
 
 def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
-    """FastAPI's validation errors as one message naming every bad field."""
+    """FastAPI's validation errors as one message naming each bad field (the first MAX_ERRORS,
+    then how many more)."""
     parts, fields = [], []
-    for e in errors:
+    for e in errors[:MAX_ERRORS]:
         field = _field_name(e.get("loc", ()))
         msg = "required" if e.get("type") == "missing" else str(e.get("msg", "invalid"))
         parts.append(f"{field}: {msg}" if field else msg)
         fields.append(field)
+    if len(errors) > MAX_ERRORS:
+        parts.append(f"… and {len(errors) - MAX_ERRORS} more errors")
     first = next((f for f in fields if f), None)
     return error_body("invalid_input", "; ".join(parts) or "invalid request", first)
 
@@ -168,7 +214,8 @@ class CatchAll:
         try:
             await self.app(scope, receive, watched)
         except Exception as exc:
-            log.error("internal error on %s %s", scope["method"], scope["path"], exc_info=exc)
+            path = printable(scope["path"][:300])  # a 5000-digit id need not fill the log
+            log.error("internal error on %s %s", scope["method"], path, exc_info=exc)
             if started:
                 raise
             body = error_body("internal", "internal error in isosweep (a bug; see the server log)")

@@ -1,47 +1,203 @@
-"""What every request passes before it reaches a route: the bearer token on mutating requests,
-and the body size limit. Plain ASGI middleware, so nothing is read or parsed before they agree.
+"""What every request passes before it reaches a route, outermost first. Plain ASGI middleware,
+so nothing is read or parsed before they agree; each answers in the one error shape.
 
-- Token: when Settings.api_token is set, POST/PUT/PATCH/DELETE need
-  `Authorization: Bearer <token>`, compared in constant time (hmac.compare_digest); otherwise
-  401 with `WWW-Authenticate: Bearer`. Reads stay open.
-- Body: a declared Content-Length over Settings.max_body_bytes is refused at once (413); a body
-  without one (chunked) is counted as it streams in and refused when it crosses the limit.
+- Host (HostCheck): the Host header's name must be in Settings.allowed_hosts (loopback names
+  by default; "*" allows any), else 400 `bad_host`. A DNS-rebinding page reaches the API under
+  its own name, so its requests (reads included) are refused here.
+- Origin (SameOrigin): a mutating request (POST/PUT/PATCH/DELETE) that a browser sent from
+  another origin is refused (403 `forbidden`): `Sec-Fetch-Site` other than same-origin/none,
+  or, where a browser sends no Sec-Fetch-* (plain http to a non-loopback host), an `Origin`
+  that is not this server's. Requests with neither (curl, the CLI's httpx) are not a browser's
+  and pass. A form POST and a no-cors fetch from another page always carry one of them.
+- Token (TokenAuth): when Settings.api_token is set, every request but the open paths (health,
+  the docs, the login page, static files) needs `Authorization: Bearer <token>`, or the
+  dashboard's session cookie (api/dashboard/login.py), compared in constant time. Reads are
+  exempt when Settings.open_reads is set. Otherwise 401 with `WWW-Authenticate: Bearer` (API)
+  or a redirect to /login (a dashboard page).
+- Media (MediaType): a mutating request under /api/ with a body, or a declared Content-Type,
+  must be JSON or YAML (422 on field `body`): a form or text/plain body is not the API's.
+- Body (BodyLimit): a declared Content-Length over Settings.max_body_bytes is refused at once
+  (413); a body without one (chunked) is counted as it streams in and refused when it crosses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+from urllib.parse import quote, urlsplit
 
 from starlette.datastructures import Headers
+from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import BodyTooLarge, error_response
-from service.errors import Unauthorized
+from api.errors import BadHost, BodyTooLarge, Forbidden, error_response
+from api.spec_body import YAML_TYPES
+from service.errors import InvalidInput, Unauthorized
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SESSION_COOKIE = "isosweep_session"
+# Paths anyone may read: liveness probes, the API's description, the login page, the
+# dashboard's CSS and script. None holds a result.
+OPEN_PATHS = frozenset({"/api/v1/healthz", "/openapi.json", "/docs", "/login", "/logout"})
+OPEN_PREFIXES = ("/static/", "/docs-assets/")
+API_MEDIA = ("application/json", *YAML_TYPES)
+
+
+def _http(scope: Scope) -> bool:
+    return scope["type"] == "http"
+
+
+class HostCheck:
+    """400 for a Host header whose name is not allowed."""
+
+    def __init__(self, app: ASGIApp, allowed: list[str]):
+        self.app = app
+        self.allowed = {h.lower().strip("[]") for h in allowed}
+        self.any = "*" in self.allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not _http(scope) or self.any:
+            return await self.app(scope, receive, send)
+        host = host_name(Headers(scope=scope).get("host", ""))
+        if host in self.allowed:
+            return await self.app(scope, receive, send)
+        exc = BadHost(
+            f"the Host header {host!r} is not one this server is reached under: add it to "
+            "ISOSWEEP_ALLOWED_HOSTS (comma-separated) if it is"
+        )
+        await error_response(exc)(scope, receive, send)
+
+
+def host_name(header: str) -> str:
+    """ "Example.org:8000" → "example.org"; "[::1]:8000" → "::1"."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class SameOrigin:
+    """403 for a mutation a browser sent from another origin."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not _http(scope) or scope["method"] not in MUTATING:
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        why = cross_origin(headers)
+        if why is None:
+            return await self.app(scope, receive, send)
+        exc = Forbidden(
+            f"a cross-origin request cannot change anything here ({why}): use the dashboard "
+            "on this server, the CLI, or a client that is not a web page"
+        )
+        await error_response(exc)(scope, receive, send)
+
+
+def cross_origin(headers: Headers) -> str | None:
+    """Why the request comes from another origin's page, or None when it does not."""
+    site = headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site in ("same-origin", "none") else f"Sec-Fetch-Site: {site}"
+    origin = headers.get("origin")
+    if origin is None:
+        return None  # not sent by a browser page (or by one that sends neither: none today)
+    parts = urlsplit(origin)
+    if origin == "null" or parts.netloc.lower() != headers.get("host", "").lower():
+        return f"Origin: {origin}"
+    return None
 
 
 class TokenAuth:
-    """Refuse mutating requests without the right bearer token (when a token is configured)."""
+    """With a token configured, 401 (or the login page) for a request without it."""
 
-    def __init__(self, app: ASGIApp, token: str | None):
+    def __init__(self, app: ASGIApp, token: str | None, *, open_reads: bool = False):
         self.app = app
         self.token = token.encode() if token else None
+        self.session = session_value(token).encode() if token else None
+        self.open_reads = open_reads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] != "http" or scope["method"] not in MUTATING:
+        if self.token is None or not _http(scope):
             return await self.app(scope, receive, send)
-        if self._authorized(Headers(scope=scope).get("authorization")):
+        if self._authorized(Headers(scope=scope)):
+            scope.setdefault("state", {})["authorized"] = True  # request.state.authorized
             return await self.app(scope, receive, send)
-        exc = Unauthorized("this request changes state: send `Authorization: Bearer <token>`")
+        reading = scope["method"] not in MUTATING
+        if open_path(scope["path"]) or (reading and self.open_reads):
+            return await self.app(scope, receive, send)
+        if reading and not scope["path"].startswith("/api/"):  # a dashboard page
+            query = scope["query_string"].decode("latin-1")
+            target = scope["path"] + (f"?{query}" if query else "")
+            url = "/login?next=" + quote(target, safe="/")
+            return await RedirectResponse(url, status_code=303)(scope, receive, send)
+        what = "this request changes state" if not reading else "reads need the token too"
+        exc = Unauthorized(f"{what}: send `Authorization: Bearer <token>`")
         await error_response(exc)(scope, receive, send)
 
-    def _authorized(self, header: str | None) -> bool:
-        scheme, _, given = (header or "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        # Compare whatever was sent, so the time taken does not depend on where it differs.
-        return hmac.compare_digest(given.strip().encode(), self.token or b"")
+    def _authorized(self, headers: Headers) -> bool:
+        scheme, _, given = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            # Compare whatever was sent, so the time taken does not depend on where it differs.
+            return hmac.compare_digest(given.strip().encode("utf-8", "replace"), self.token or b"")
+        cookie = _cookie(headers.get("cookie", ""), SESSION_COOKIE)
+        # Headers are latin-1 text: as bytes, any cookie compares (a str must be ASCII).
+        return cookie is not None and hmac.compare_digest(
+            cookie.encode("latin-1", "replace"), self.session or b""
+        )
+
+
+def open_path(path: str) -> bool:
+    """Whether anyone may request `path`, token or not."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+def session_value(token: str) -> str:
+    """The dashboard's cookie: an HMAC of a fixed label under the token. It proves the token was
+    given without being it (a leaked cookie does not give the token to an API client), and a
+    new token ends every session."""
+    return hmac.new(token.encode(), b"isosweep dashboard session v1", hashlib.sha256).hexdigest()
+
+
+def _cookie(header: str, name: str) -> str | None:
+    for part in header.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+class MediaType:
+    """422 for a mutation under /api/ whose body is not JSON or YAML."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            not _http(scope)
+            or scope["method"] not in MUTATING
+            or not scope["path"].startswith("/api/")
+        ):
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        media = headers.get("content-type")
+        body = _content_length(scope) or "transfer-encoding" in headers
+        if media is None and not body:
+            return await self.app(scope, receive, send)
+        kind = (media or "").partition(";")[0].strip().lower()
+        if kind in API_MEDIA or kind.endswith("+json"):
+            return await self.app(scope, receive, send)
+        said = f"unsupported content type {kind!r}" if media else "a body without a Content-Type"
+        exc = InvalidInput(
+            f"{said}: the API reads JSON or YAML (send Content-Type: application/json or "
+            "application/yaml)",
+            field="body",
+            allowed=API_MEDIA,
+        )
+        await error_response(exc)(scope, receive, send)
 
 
 class BodyLimit:
@@ -83,6 +239,6 @@ class BodyLimit:
 def _content_length(scope: Scope) -> int | None:
     value = Headers(scope=scope).get("content-length")
     try:
-        return int(value) if value is not None else None
+        return int(value) if value is not None and len(value) < 20 else None
     except ValueError:
         return None  # the server rejects a malformed header itself

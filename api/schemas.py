@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse
 
 from service import jsonfmt
 from service.store.models import SWEEP_STATUSES, TRIAL_STATUSES
+from service.store.schemas import SweepInfo, TrialInfo
 
 # A float that may be NaN or ±inf: a JSON number when finite, else one of three strings.
 NONFINITE_SPELLINGS = tuple(jsonfmt.NONFINITE)  # "NaN", "Infinity", "-Infinity"
@@ -59,26 +60,11 @@ class ErrorPublic(BaseModel):
 # --- sweeps and trials ----------------------------------------------------------------------
 
 
-class SweepPublic(BaseModel):
-    """A sweep with its trials' counts by status, progress (0..1) and ETA."""
+class SweepPublic(SweepInfo):
+    """A sweep with its trials' counts by status, progress (0..1) and ETA (the store's
+    SweepInfo, with its status as an enum in the schema)."""
 
-    id: int
-    name: str
-    description: str | None
-    tags: list[str]
     status: SweepStatus
-    priority: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    counts: dict[str, int] = Field(description="trials by status (all six statuses present)")
-    n_trials: int
-    progress: float = Field(description="recorded epochs over expected epochs, 0..1")
-    eta_s: float | None = Field(description="seconds left (running sweeps), else null")
-    cancel_requested: bool
-    runner_id: str | None
-    error: str | None
-    spec: dict[str, Any] = Field(description="the validated SweepSpec")
 
 
 class SweepsPublic(BaseModel):
@@ -88,24 +74,11 @@ class SweepsPublic(BaseModel):
     count: int
 
 
-class TrialPublic(BaseModel):
-    """One trial: config, status, progress and the last recorded epoch's scalar metrics."""
+class TrialPublic(TrialInfo):
+    """One trial: config, status, progress and the last recorded epoch's scalar metrics (the
+    store's TrialInfo, with NaN/±inf spelled as strings in JSON)."""
 
-    id: int
-    sweep_id: int
-    index: int = Field(description="position in the sweep's expansion")
-    config: dict[str, Any] = Field(description="the resolved TrialConfig")
-    config_hash: str
     status: TrialStatus
-    attempts: int
-    error: str | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    epochs_done: int
-    epochs_total: int
-    last_epoch: int | None
-    diverged_epoch: int | None
-    results_from: int | None = Field(description="the trial whose stored results this reuses")
     summary: dict[str, Real] = Field(description="scalar metrics of the last recorded epoch")
 
 
@@ -182,10 +155,27 @@ class RayHealth(BaseModel):
     detail: str
 
 
+class RunnerHealth(BaseModel):
+    """The runner `isosweep serve` supervises beside the API."""
+
+    ok: bool = Field(description="the runner process is alive")
+    state: Literal["starting", "running", "restarting", "stopped"]
+    pid: int | None
+    runner_id: str | None = Field(description="its id in the store (the sweeps it holds)")
+    restarts: int = Field(description="times it died and was started again")
+    last_exit_code: int | None = Field(description="how it last exited (negative: a signal)")
+    since: datetime = Field(description="when it entered this state")
+    next_start_in_s: float | None = Field(description="while restarting: the back-off")
+
+
 class HealthPublic(BaseModel):
-    """Liveness: the database answers a query, and where Ray stands."""
+    """Liveness: the database answers a query, where Ray stands, and (under `isosweep serve`)
+    whether its runner is alive."""
 
     status: Literal["ok", "degraded"]
     version: str
     database: DatabaseHealth
     ray: RayHealth
+    runner: RunnerHealth | None = Field(
+        None, description="the runner `isosweep serve` supervises; null when none is"
+    )

@@ -18,16 +18,18 @@ def serve_api(
     settings: Settings | None = None,
     *,
     store: Any = None,
+    runner: Any = None,
     log_level: str = "info",
     access_log: bool = True,
 ) -> None:
     """Serve the API on settings.host (default 127.0.0.1) and settings.port until a signal.
 
     uvicorn handles SIGINT/SIGTERM: it stops taking requests, finishes the running ones, shuts
-    the app down (closing a store it opened), then re-raises the signal.
+    the app down (closing a store it opened), then re-raises the signal. `runner`: the
+    supervisor of serve's runner, whose state healthz reports (api.cli.supervise).
     """
     settings = settings or get_settings()
-    app = create_app(settings, store=store)
+    app = create_app(settings, store=store, runner=runner)
     config = uvicorn.Config(
         app,
         host=settings.host,

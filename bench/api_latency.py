@@ -17,6 +17,12 @@ compare across machines. Targets: status p99 ≤ 50 ms on the completed sweep, s
 (the exit code says whether both were met); the running sweep is reported for information.
 
     .venv/bin/python bench/api_latency.py [--clients 20] [--seconds 15] [--interval 0.5]
+
+`--phase mixed` (bench/api_mixed.py) instead measures the heavy reads: 40 clients, each a
+bounded number of requests mixing plots, metrics JSON, CSV and healthz, against a server with
+the heavy-read limit off (a limit above the client count) and then on (the settings' default),
+in the same process; it prints plot p99/max, healthz p99, the server's peak and final RSS, and
+the on/off ratios. `--phase submit` posts six 5,000-trial, 100,000-epoch specs at once.
 """
 
 from __future__ import annotations
@@ -128,12 +134,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(url: str, port: int) -> subprocess.Popen:
-    """The API as `isosweep serve --no-runner` runs it (api.server.serve_api), quietly."""
+def start_server(
+    url: str, port: int, env_extra: dict[str, str] | None = None, root: Path = ROOT
+) -> subprocess.Popen:
+    """The API as `isosweep serve --no-runner` runs it (api.server.serve_api), quietly, from
+    the source tree `root` (another checkout: a baseline)."""
     env = {**os.environ, "ISOSWEEP_DATABASE_URL": url, "ISOSWEEP_PORT": str(port)}
+    env.update(env_extra or {})
+    if root != ROOT:
+        env["PYTHONPATH"] = str(root)
     code = "from api.server import serve_api; serve_api(log_level='warning', access_log=False)"
     cmd = [sys.executable, "-c", code]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, cwd=root, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -221,12 +233,20 @@ def report(name: str, times: list[float], base_p50: float, target: float | None 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--clients", type=int, help="default 20 (polling), 40 (mixed)")
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--interval", type=float, default=0.5, help="pause between polls (s)")
     ap.add_argument("--warmup", type=float, default=2.0, help="seconds not counted (s)")
     ap.add_argument("--database-url", help="default: a fresh SQLite file")
+    ap.add_argument("--phase", choices=["polling", "mixed", "submit"], default="polling")
+    ap.add_argument("--requests", type=int, default=8, help="per client (mixed)")
+    ap.add_argument("--before-tree", type=Path, help="mixed, submit: also serve this checkout")
     args = ap.parse_args()
+    if args.phase != "polling":
+        import api_mixed
+
+        return api_mixed.main(args)
+    args.clients = args.clients or 20
     with tempfile.TemporaryDirectory() as tmp:
         url = args.database_url or f"sqlite:///{Path(tmp) / 'bench.db'}"
         with Store(url, settings=Settings(database_url=url)) as store:

@@ -6,16 +6,25 @@ training steps plus everything a recorded epoch adds (probe forward/backward, ev
 eigenvalues, weight gaps, test-set evaluation). Repetitions interleave the two kinds of epoch in
 one process with a fixed thread count, so machine load hits both alike. Target: ratio ≤ 1.10.
 
-Also times one measurement pass at depth 1000, width 100 (batch 100).
+Also prints one measurement (probe_metrics) in training steps of the same network — its time
+over one step's (plain epoch time / steps) — for this tree's workers/metrics.py and for the one
+committed at git HEAD (`--baseline REV`, loaded into a temporary module), timed alternately in this
+process. Target: ≤ 3 steps. And times one measurement pass at depth 1000, width 100 (batch 100).
 
-    .venv/bin/python bench/overhead.py [--reps 6] [--threads 1]
+    .venv/bin/python bench/overhead.py [--reps 6] [--threads 1] [--baseline HEAD]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -32,7 +41,43 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def overhead(reps: int) -> None:
+def baseline_metrics(rev: str) -> ModuleType | None:
+    """workers/metrics.py as committed at `rev`, imported as a module of its own (None if git
+    cannot show it)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        src = subprocess.run(
+            ["git", "show", f"{rev}:workers/metrics.py"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+            text=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    path = Path(tempfile.mkdtemp()) / "baseline_metrics.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("baseline_metrics", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_metrics"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def step_equivalents(trial: Trial, step_s: float, baseline: ModuleType | None, reps: int) -> None:
+    """One probe_metrics call in training steps, this tree's and the baseline's, interleaved."""
+    args = (trial.spec, trial.params, trial.state, *trial.probe)
+    impls = {"this tree": metrics} | ({"baseline": baseline} if baseline else {})
+    times: dict[str, list[float]] = {k: [] for k in impls}
+    for _ in range(reps):
+        for name, module in impls.items():
+            times[name].append(timed(lambda m=module: m.probe_metrics(*args)))
+    for name, ts in times.items():
+        best = min(ts)
+        print(f"    one measurement, {name:9s} {best * 1e3:8.1f} ms = {best / step_s:5.2f} steps")
+
+
+def overhead(reps: int, baseline: ModuleType | None = None) -> None:
     trial = Trial(TrialConfig(**REFERENCE, epochs=2 * reps + 2))
     trial.record(1, trial.train_epoch())  # warm-up: allocator, thread pools, caches
     plain, measured = [], []
@@ -62,6 +107,11 @@ def overhead(reps: int) -> None:
         f"  one measurement ≈ {(m - p) / p * steps:.1f} training steps; "
         f"with record_every=k the ratio is 1 + {m / p - 1:.3f}/k"
     )
+    print(f"  one training step            {p / steps * 1e3:8.1f} ms (plain epoch / {steps})")
+    print("  untrained (epoch 0):")
+    step_equivalents(Trial(TrialConfig(**REFERENCE)), p / steps, baseline, max(3, reps))
+    print(f"  trained ({2 * reps + 1} epochs):")
+    step_equivalents(trial, p / steps, baseline, max(3, reps))
 
 
 def deep_pass() -> None:
@@ -86,10 +136,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--baseline", default="HEAD", help="git revision of workers/metrics.py")
+    parser.add_argument("--no-deep", action="store_true", help="skip the depth-1000 pass")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s)")
-    overhead(args.reps)
+    baseline = baseline_metrics(args.baseline)
+    if baseline is None:
+        print(f"(no baseline: git cannot show {args.baseline}:workers/metrics.py)")
+    overhead(args.reps, baseline)
+    if args.no_deep:
+        return
     deep_pass()
 
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python docs/make_plot_examples.py
 
-The numbers are made up to look like the papers' figures (SCIENCE.md); they are not measurements.
+The numbers are made up to look like the papers' figures (docs/science.md); they are not
+measurements.
 Each frame has the shape the store returns (docs/architecture.md, "The tidy frame").
 """
 

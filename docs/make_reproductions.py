@@ -7,7 +7,7 @@ quotes, as markdown tables.
 Each sweep runs through `isosweep run SPEC --database-url sqlite:///PATH` (local Ray), into one
 SQLite file (default build/repro/repro.db, not committed). A sweep already completed in that file
 with the same spec is not run again; `--skip-run` only draws and prints from what is stored.
-The figures come from service.figures.make_plot, as the API and the dashboard draw them.
+The figures come from service.plots.stored.make_plot, as the API and the dashboard draw them.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.figures import line_prediction, make_plot  # noqa: E402
 from service.plots import render  # noqa: E402
+from service.plots.stored import line_prediction, make_plot  # noqa: E402
 from service.spec import load_spec  # noqa: E402
 from service.store import Store  # noqa: E402
 from service.theory import isometry_strength  # noqa: E402
@@ -125,6 +125,13 @@ def bn_gradients_numbers(store: Store, sid: int) -> None:
     show(
         "isometry_gap/norm at the last layer ℓ = L, dataset gaussian, mean over seeds",
         md_table(table),
+    )
+    ranged = store.read_metrics(sid, metrics="range_isometry_gap/norm", epoch=0)
+    last = ranged[(ranged["layer"] == ranged["depth"]) & (ranged["dataset"] == "gaussian")]
+    show(
+        "range_isometry_gap/norm (the gap outside the structural null space) at ℓ = L, dataset "
+        "gaussian, mean over seeds",
+        md_table(pivot_cells(last, ["norm", "init"], "depth", cell)),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -12,7 +12,7 @@ from service.activations import ACTIVATION_NAMES
 from service.errors import InvalidInput
 
 # Bump when what a metric means changes: results stored under another version are not reused.
-MEASUREMENT_VERSION = "1"
+MEASUREMENT_VERSION = "2"
 
 ActivationName = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
 Norm = Literal["batch", "layer", "none", "batch_scale", "layer_scale"]
@@ -20,6 +20,9 @@ Order = Literal["norm_act", "act_norm"]
 Init = Literal["gaussian", "xavier", "kaiming", "orthogonal"]
 Optimizer = Literal["sgd", "adam"]
 EvalNorm = Literal["running", "batch"]
+Dtype = Literal["float32", "float64"]
+BiasInit = Literal["zero", "torch"]
+InputNorm = Literal["none", "unit_rms"]
 
 # The datasets, each with (input dimension after flattening, number of classes)
 DATASET_SHAPES: dict[str, tuple[int, int]] = {
@@ -30,7 +33,10 @@ DATASET_SHAPES: dict[str, tuple[int, int]] = {
     "digits": (64, 10),
     "gaussian": (100, 10),
 }
-Dataset = Literal[tuple(DATASET_SHAPES)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # a Literal built from DATASET_SHAPES' keys, which a type checker cannot follow
+    Dataset = str
+else:
+    Dataset = Literal[tuple(DATASET_SHAPES)]
 
 SCALAR_METRICS: tuple[str, ...] = (
     "train_loss",
@@ -44,13 +50,28 @@ SCALAR_METRICS: tuple[str, ...] = (
 LAYER_METRICS: tuple[str, ...] = (
     "isometry_gap/linear",  # gap of the Gram of block ℓ's Linear output, probe batch
     "isometry_gap/norm",  # … of its normalization output (absent when norm = none)
-    "isometry_gap/act",  # … of its activation output
+    "isometry_gap/act",  # … of its activation output (+inf where the network forces rank < n)
+    "range_isometry_gap/linear",  # … on the complement of the Gram's structural null space
+    "range_isometry_gap/norm",  # (= isometry_gap where nothing forces singularity)
+    "range_isometry_gap/act",
     "weight_isometry_gap",  # gap(W_ℓ W_ℓᵀ)
     "grad_norm",  # ‖∂L/∂W_ℓ‖_F on the probe batch
 )
 METRICS: tuple[str, ...] = SCALAR_METRICS + LAYER_METRICS
 # What an epoch record holds besides METRICS (docs/architecture.md, "The epoch record").
-RECORD_KEYS: tuple[str, ...] = ("epoch", "diverged", "input_gram")
+# input_gram: the probe inputs' cosine Gram (n, n); input_moments: their ‖x_i‖²/d_in (n,), both at
+# epoch 0 and as the first Linear sees them (after input_norm).
+RECORD_KEYS: tuple[str, ...] = ("epoch", "diverged", "input_gram", "input_moments")
+# Per-epoch 2-D float64 arrays of a record, stored in the `spectra` table, not as metrics:
+# eigenvalues (descending) of each measured Gram, (L, n), when `spectra`; singular values of
+# ∂h_L(x_i)/∂x_i, (k, min(d, d_in)), when `jacobian_samples` = k > 0.
+SPECTRUM_KEYS: tuple[str, ...] = (
+    "spectrum/linear",
+    "spectrum/norm",
+    "spectrum/act",
+    "spectrum/weight",
+    "jacobian_singular_values",
+)
 
 
 class TrialConfig(BaseModel):
@@ -85,11 +106,45 @@ class TrialConfig(BaseModel):
     )
     record_every: int = Field(1, ge=1, description="record every k epochs; epoch 0 always")
     seed: int = Field(0, ge=0, lt=2**31)
+    dtype: Dtype = Field("float32", description="parameters, inputs and activations")
+    norm_eps: float = Field(
+        1e-5, ge=0, allow_inf_nan=False, description="ε of every normalization (torch's 1e-5)"
+    )
+    bias_init: BiasInit = Field(
+        "zero", description="zero, or torch's nn.Linear default U(±1/√fan_in); needs bias"
+    )
+    head_init: Init | None = Field(None, description="the classifier head's init (None = init)")
+    orthogonal_gain: bool = Field(True, description="orthogonal init is multiplied by init_gain")
+    input_norm: InputNorm = Field(
+        "none", description="unit_rms: each input scaled to ‖x‖²/d_in = 1 before the first layer"
+    )
+    spectra: bool = Field(False, description="store every measured Gram's eigenvalues")
+    jacobian_samples: int = Field(
+        0, ge=0, description="probe samples whose input–output Jacobian spectrum is stored"
+    )
 
     @model_validator(mode="after")
     def _check_combination(self) -> TrialConfig:
+        # InvalidInput (not ValueError) passes through pydantic untouched, naming its field.
         if self.norm in ("batch", "batch_scale") and self.batch_size < 2:
             raise ValueError("batch_size must be ≥ 2 when norm is batch or batch_scale")
+        if self.bias_init != "zero" and not self.bias:
+            raise InvalidInput(
+                f"{self.bias_init!r} needs bias=true (without biases there is nothing to "
+                "initialize); set bias=true, or leave bias_init at 'zero'",
+                field="bias_init",
+            )
+        if self.jacobian_samples > self.batch_size:
+            raise InvalidInput(
+                f"{self.jacobian_samples} exceeds the probe batch (batch_size="
+                f"{self.batch_size}): at most batch_size samples can be measured",
+                field="jacobian_samples",
+            )
+        if self.optimizer == "adam" and self.momentum != 0:
+            # Adam has no `momentum` (its β₁ is torch's 0.9): the value changes nothing, so it is
+            # normalized away and configs differing only in it hash equal (one result, reused),
+            # rather than passing for distinct trials.
+            object.__setattr__(self, "momentum", 0.0)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,6 +157,12 @@ class TrialConfig(BaseModel):
         if epochs[-1] != self.epochs:
             epochs.append(self.epochs)
         return epochs
+
+    @property
+    def n_recorded_epochs(self) -> int:
+        """len(recorded_epochs) in O(1): ⌊E/k⌋ + 1 multiples of k in 0..E, plus E itself when
+        k does not divide it."""
+        return self.epochs // self.record_every + 1 + (self.epochs % self.record_every != 0)
 
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(TrialConfig.model_fields)
@@ -131,9 +192,9 @@ def pydantic_to_invalid(exc: ValidationError, *, where: str = "") -> InvalidInpu
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         parts.append(f"{path}: {msg}" if path else msg)
-    err = InvalidInput("; ".join(parts))
-    err.field = first_field
-    return err
+    invalid = InvalidInput("; ".join(parts))
+    invalid.field = first_field
+    return invalid
 
 
 def config_hash(config: TrialConfig) -> str:
@@ -152,7 +213,8 @@ def estimate_memory_bytes(config: TrialConfig) -> float:
     L, d, n = config.depth, config.width, config.batch_size
     params = d_in * d + (L - 1) * d * d + d * n_classes
     states = 2 if config.optimizer == "adam" else (1 if config.momentum else 0)
-    param_bytes = 4 * params * (2 + states)  # weights, grads, optimizer state (float32)
-    act_bytes = 4 * n * d * L * 6  # each block keeps ~3 outputs plus their gradients
+    size = 8 if config.dtype == "float64" else 4  # bytes per value of the network's dtype
+    param_bytes = size * params * (2 + states)  # weights, grads, optimizer state
+    act_bytes = size * n * d * L * 6  # each block keeps ~3 outputs plus their gradients
     measure_bytes = 8 * L * 4 * n * n  # float64 Grams of one measurement: 3L outputs + L weights
     return float(param_bytes + act_bytes + measure_bytes)

@@ -1,22 +1,103 @@
-"""The isometry gap of a sample Gram matrix: the reference (numpy, float64) definition.
+"""The isometry gap: the project's one definition (numpy, float64).
 
 Joudaki, Daneshmand, Bach (NeurIPS 2023), Sec. 3: for a PSD Gram G (n × n) with eigenvalues λ,
 
     I(G)   = det(G)^(1/n) / (tr(G)/n)          geometric over arithmetic mean of λ
     gap(G) = −log I(G) = log(mean λ) − mean(log λ)
 
-Scale invariant, gap ∈ [0, ∞], 0 iff G ∝ identity, ∞ iff G is singular. The workers' batched
-torch version is tested against the same mathematics; the theory and the plots use this one.
+Scale invariant, gap ∈ [0, ∞], 0 iff G ∝ identity, ∞ iff G is singular.
+
+Whether G is singular is not read off the size of λ_min: rounding leaves an exactly singular
+Gram of a float32 representation with λ_min/λ_max ~ 1e-15 and a regular one can sit far below
+that (a square Gaussian layer divides λ_min/λ_max by ~e² per layer). So the definition takes an
+explicit *structural null dimension* k — how many eigenvalues are zero by construction (n > d, a
+centring normalization; `workers.metrics` derives k from the network) — and
+
+    gap       = +∞ if k > 0 or some λ ≤ 0 (exactly zero), else log(mean λ) − mean(log λ);
+    range gap = the gap of the n − k largest eigenvalues (G on the complement of its structural
+                null space; equal to the gap when k = 0).
+
+`gap_from_eigenvalues` / `gap_from_singular_values` are the definition; `gap_of_features` is the
+reference computation from a representation H (float64 singular values, λ = σ², no Gram formed);
+`isometry_gap(gram)` serves Grams given as numbers (the mean-field theory), whose k is their
+numerical rank deficiency at float64 resolution. `workers.metrics` computes the same formula
+batched in torch and is tested against these functions on the same inputs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# A Gram is singular when λ_min ≤ n·ε·λ_max (ε = float64 machine epsilon): the rank tolerance of
-# numpy.linalg.matrix_rank. Below it, eigvalsh cannot tell λ_min from rounding error (it returns
-# tiny values of either sign for an exactly singular G), so the honest gap is +∞.
+# For a Gram given as numbers (nothing known about how it was formed) an eigenvalue ≤ n·ε·λ_max
+# (ε = float64 machine epsilon) cannot be told from 0: the rank tolerance of
+# numpy.linalg.matrix_rank. This applies to Grams that are the data (theory); measured
+# representations get their null dimension from the network's structure instead.
 EPS = np.finfo(np.float64).eps
+
+
+def gap_from_eigenvalues(lam: np.ndarray, null_dim: int = 0) -> float | np.ndarray:
+    """The range gap of eigenvalues lam (..., n), any order: log(mean λ) − mean(log λ) over the
+    n − null_dim largest (→ float for one Gram, else an array of the leading shape).
+
+    An exactly zero (or negative) eigenvalue among those kept gives +∞; a non-finite one NaN;
+    rounding below 0 is clipped (AM ≥ GM). null_dim ≥ n gives +∞ (nothing left, or G = 0).
+    """
+    lam = np.asarray(lam, dtype=np.float64)
+    n = lam.shape[-1]
+    if not 0 <= null_dim <= n:
+        raise ValueError(f"null_dim must be in 0..{n}, got {null_dim}")
+    flat = lam.reshape(-1, n)
+    finite = np.isfinite(flat).all(axis=1)
+    kept = -np.sort(-np.where(finite[:, None], flat, 1.0), axis=1)[:, : n - null_dim]
+    gap = np.full(len(flat), np.inf)
+    if kept.shape[1] > 0:
+        positive = kept[:, -1] > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mean = kept.mean(axis=1, keepdims=True)
+            # −mean(log(λ/mean λ)) rather than log(mean) − mean(log): no cancellation near 0
+            value = np.maximum(-np.log(kept / mean).mean(axis=1), 0.0)
+        gap = np.where(positive, value, np.inf)
+    out = np.where(finite, gap, np.nan).reshape(lam.shape[:-1])
+    return float(out) if out.ndim == 0 else out
+
+
+def gap_from_singular_values(s: np.ndarray, null_dim: int = 0) -> float | np.ndarray:
+    """The range gap from singular values s (..., n) of H (n × d): λ = σ² (pad with zeros for
+    n > d, or pass null_dim ≥ n − d)."""
+    return gap_from_eigenvalues(np.square(np.asarray(s, dtype=np.float64)), null_dim)
+
+
+def centred_basis(n: int) -> np.ndarray:
+    """An orthonormal basis Q (n, n − 1) of 1⊥ = {v : Σ v_i = 0}: the last n − 1 columns of the
+    Householder reflection that maps 1/√n to e₁. Qᵀ H keeps all of a batch-centred H (1ᵀH = 0)
+    and drops the rounding left along 1."""
+    v = np.ones(n) / np.sqrt(n)
+    v[0] -= 1.0  # P = I − 2uuᵀ/uᵀu with u = 1/√n − e₁ maps 1/√n to e₁
+    P = np.eye(n) - 2.0 * np.outer(v, v) / (v @ v) if n > 1 else np.eye(1)
+    return P[:, 1:]
+
+
+def gap_of_features(
+    H: np.ndarray, *, null_dim: int = 0, ones_in_null: bool = False, rank: bool = False
+) -> float:
+    """The reference gap of G = H Hᵀ from float64 singular values of H (n, d) — no Gram formed.
+
+    null_dim: the structural null dimension k of G (n > d adds n − d on its own). With
+    ones_in_null (batch-centred features: 1ᵀH = 0), H is first projected onto 1⊥
+    (`centred_basis`), which is exact for the true H and removes the rounding along 1. rank=False
+    gives the gap (+∞ when k > 0), rank=True the range gap: the gap of the n − k largest
+    eigenvalues.
+    """
+    H = np.asarray(H, dtype=np.float64)
+    n, d = H.shape
+    k = max(null_dim, n - d, int(ones_in_null))
+    if not rank and k > 0:
+        return np.nan if not np.isfinite(H).all() else np.inf
+    if not np.isfinite(H).all():
+        return np.nan
+    M = centred_basis(n).T @ H if ones_in_null else H
+    s = np.linalg.svd(M, compute_uv=False)  # min(n', d) values, descending
+    return float(gap_from_singular_values(s[: n - k]))
 
 
 def gram_of(H: np.ndarray) -> np.ndarray:
@@ -27,12 +108,16 @@ def gram_of(H: np.ndarray) -> np.ndarray:
     return H @ np.swapaxes(H, -1, -2)  # (..., n, n)
 
 
-def isometry_gap(gram: np.ndarray, *, rtol: float | None = None) -> float | np.ndarray:
-    """gap(G) = log(mean λ) − mean(log λ) of one (n, n) Gram (→ float) or a stack (→ array).
+def isometry_gap(
+    gram: np.ndarray, *, rtol: float | None = None, null_dim: int | None = None
+) -> float | np.ndarray:
+    """gap(G) of one (n, n) Gram given as numbers (→ float) or a stack (→ array).
 
-    Singular Grams (λ_min ≤ rtol·λ_max, rtol = n·ε by default; G = 0 included) give +inf, never
-    NaN or a finite value. A caller that knows how G was formed may pass a larger rtol (e.g. the
-    resolution of a float32 H). A Gram with NaN or ±inf entries gives NaN: nothing to measure.
+    null_dim=None: the Gram is the data, and its null dimension is numerical — eigenvalues
+    ≤ rtol·λ_max (rtol = n·ε by default) count as zero, so a singular Gram (G = 0 included) gives
+    +∞, never NaN or a huge finite value. An int null_dim is structural: exactly as
+    `gap_from_eigenvalues(λ, null_dim)` with k = null_dim. A Gram with NaN or ±inf entries
+    gives NaN: nothing to measure.
     """
     G = np.asarray(gram, dtype=np.float64)
     if G.ndim < 2 or G.shape[-1] != G.shape[-2]:
@@ -43,15 +128,15 @@ def isometry_gap(gram: np.ndarray, *, rtol: float | None = None) -> float | np.n
     lam = np.ones((stack.shape[0], n))  # placeholder eigenvalues for the non-finite ones
     if finite.any():
         lam[finite] = np.linalg.eigvalsh(stack[finite])  # ascending, (m, n)
-    lam_max = lam[:, -1]
-    singular = lam[:, 0] <= (n * EPS if rtol is None else rtol) * lam_max
-    singular |= lam_max <= 0  # the zero matrix (and anything not PSD at all)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = lam.mean(axis=1, keepdims=True)
-        # −mean(log(λ/mean λ)) rather than log(mean) − mean(log): exact cancellation near isometry
-        gap = -np.log(lam / mean).mean(axis=1)
-    gap = np.where(singular, np.inf, np.maximum(gap, 0.0))  # AM ≥ GM: clip rounding below 0
-    gap = np.where(finite, gap, np.nan).reshape(G.shape[:-2])
+    lam[~finite] = np.nan
+    if null_dim is None:
+        tol = (n * EPS if rtol is None else rtol) * np.maximum(lam[:, -1:], 0.0)
+        lam = np.where(lam <= tol, 0.0, lam)  # below the Gram's resolution: zero
+        gap = gap_from_eigenvalues(lam)
+    else:
+        gap = np.inf if null_dim > 0 else gap_from_eigenvalues(lam)
+        gap = np.where(finite, gap, np.nan)
+    gap = np.asarray(gap, dtype=np.float64).reshape(G.shape[:-2])
     return float(gap) if gap.ndim == 0 else gap
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]", "::1"]
 
 
 class Settings(BaseSettings):
@@ -16,7 +19,15 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")  # torchvision datasets are read from / downloaded to here
     host: str = "127.0.0.1"  # the API binds to loopback unless told otherwise
     port: int = Field(8000, ge=1, le=65535)
-    api_token: str | None = None  # when set, mutating requests need `Authorization: Bearer …`
+    api_token: str | None = None  # when set, requests need `Authorization: Bearer …`
+    # Host header allow-list (names without port; "*" allows any). A DNS-rebinding page reaches
+    # the API under its own name, so only the names the API is really served under belong here.
+    # From the environment: comma-separated (ISOSWEEP_ALLOWED_HOSTS=lab.example.org,localhost).
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(LOOPBACK_HOSTS)
+    )
+    open_reads: bool = False  # with a token set, reads (GET/HEAD) need no token
+    allow_open: bool = False  # `isosweep serve` beyond loopback with no token refuses unless set
 
     # Limits that protect the machine; a spec over one is rejected naming the field.
     max_trials_per_sweep: int = Field(5000, ge=1)
@@ -31,11 +42,23 @@ class Settings(BaseSettings):
     # Bounds on reads and requests.
     max_points: int = Field(2_000_000, ge=1)  # most values one metrics query may return
     max_page_size: int = Field(1000, ge=1)
+    # Heavy reads (metrics JSON/CSV/Parquet, plots) computed at once, in the whole process; one
+    # more is a 503 with Retry-After. A plot not drawn within plot_timeout_s is a 504 (it goes
+    # on in the background, within the same bound, and its result is cached for the retry).
+    max_heavy_reads: int = Field(4, ge=1)
+    plot_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(1_000_000, ge=1)
 
     runner_poll_s: float = Field(2.0, gt=0)  # how often an idle runner looks for queued sweeps
     runner_lease_s: float = Field(60.0, gt=0)  # a running sweep without a heartbeat this long
     # is taken over by another runner (the first one died)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, v: object) -> object:
+        if isinstance(v, str):  # from the environment; "" (as docker compose passes) = default
+            return [h.strip() for h in v.split(",") if h.strip()] or list(LOOPBACK_HOSTS)
+        return v
 
     @field_validator("api_token")
     @classmethod

@@ -15,7 +15,6 @@ from functools import cache
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from service.config import (
@@ -25,11 +24,14 @@ from service.config import (
     parse_trial_config,
     pydantic_to_invalid,
 )
+from service.documents import check_shape, load_yaml
 from service.errors import InvalidInput, LimitExceeded
 from service.settings import Settings, get_settings
 
 SWEPT_BY_SPEC = tuple(f for f in CONFIG_FIELDS if f != "seed")  # `seeds` sets the seed
 SEED_LIMIT = 2**31  # TrialConfig.seed < 2**31
+MAX_TAGS, MAX_TAG_LENGTH = 100, 100
+MAX_ERRORS = 10  # field errors named in one message; the rest are counted
 
 
 class Resources(BaseModel):
@@ -56,7 +58,9 @@ class SweepSpec(BaseModel):
 
     name: str = Field(min_length=1, max_length=200)
     description: str | None = None
-    tags: list[str] = Field(default_factory=list)
+    tags: list[Annotated[str, Field(max_length=MAX_TAG_LENGTH)]] = Field(
+        default_factory=list, max_length=MAX_TAGS
+    )
     parameters: dict[str, Any] = Field(default_factory=dict)
     seeds: int | list[int] = 1  # a count n (seeds 0..n−1) or an explicit list of distinct seeds
     resources: Resources = Field(default_factory=Resources)
@@ -100,6 +104,7 @@ class SweepSpec(BaseModel):
 
     @property
     def n_trials(self) -> int:
+        """Axes' product × seeds: the trials at most (`expand` drops points equal to others)."""
         return math.prod(len(v) for v in self.axes.values()) * _n_seeds(self)
 
 
@@ -110,11 +115,13 @@ def _n_seeds(spec: SweepSpec) -> int:
 @cache
 def _field_adapter(name: str) -> TypeAdapter:
     info = TrialConfig.model_fields[name]
-    return TypeAdapter(Annotated[info.annotation, info])
+    return TypeAdapter(Annotated[info.annotation, info])  # type: ignore[arg-type]
 
 
-def validate_field(name: str, value: Any, *, where: str) -> Any:
-    """One TrialConfig field's value, validated and normalized (JSON types).
+def validate_field(name: str, value: Any, *, where: str, strict: bool = False) -> Any:
+    """One TrialConfig field's value, validated and normalized (JSON types). `strict` (a spec's
+    values): no number from text or a boolean, a boolean only from a boolean, an integer is a
+    fine float; lax (filters, which arrive as query text): "4" is 4, "true" is true.
 
     Raises:
         InvalidInput: `where` names the field; the message says what is allowed.
@@ -123,9 +130,21 @@ def validate_field(name: str, value: Any, *, where: str) -> Any:
         raise InvalidInput("unknown field", field=where, allowed=CONFIG_FIELDS)
     adapter = _field_adapter(name)
     try:
-        return adapter.dump_python(adapter.validate_python(value), mode="json")
+        return adapter.dump_python(adapter.validate_python(value, strict=strict), mode="json")
     except ValidationError as exc:
-        raise pydantic_to_invalid(exc, where=where) from None
+        raise capped_invalid(exc, where=where) from None
+
+
+def capped_invalid(exc: ValidationError, *, where: str = "") -> InvalidInput:
+    """pydantic_to_invalid, naming the first MAX_ERRORS fields and counting the rest (a list
+    of 100 000 bad values must not become a 5 MB message)."""
+    err = pydantic_to_invalid(exc, where=where)
+    extra = exc.error_count() - MAX_ERRORS
+    if extra > 0:
+        head = err.message.split("; ", MAX_ERRORS)[:MAX_ERRORS]
+        err.message = "; ".join(head) + f"; … and {extra} more errors"
+        err.args = (err.message,)
+    return err
 
 
 def _normalize_parameter(name: str, value: Any) -> Any:
@@ -137,10 +156,12 @@ def _normalize_parameter(name: str, value: Any) -> Any:
     if isinstance(value, dict):
         raise InvalidInput("must be a value or a list of values", field=where)
     if not isinstance(value, list | tuple):
-        return validate_field(name, value, where=where)
+        return validate_field(name, value, where=where, strict=True)
     if not value:
         raise InvalidInput("an axis needs at least one value", field=where)
-    values = [validate_field(name, v, where=f"{where}[{i}]") for i, v in enumerate(value)]
+    values = [
+        validate_field(name, v, where=f"{where}[{i}]", strict=True) for i, v in enumerate(value)
+    ]
     if len(set(values)) != len(values):  # normalized: "1e-3" and 0.001 are the same value
         raise InvalidInput(f"an axis must not repeat a value: {values}", field=where)
     return values
@@ -166,25 +187,38 @@ def _normalize_seeds(v: Any) -> int | list[int]:
 def parse_spec(data: dict[str, Any] | str, *, settings: Settings | None = None) -> SweepSpec:
     """Validate a sweep spec given as a dict, or as YAML or JSON text, and check its limits.
 
+    Text is read as YAML 1.2 (a superset of JSON), strictly: see service.documents. Values are
+    validated strictly: no number from text or a boolean, booleans only from booleans.
+
     Raises:
         InvalidInput: names the offending field (YAML syntax errors: field `spec`, with the line).
         LimitExceeded: over a Settings limit; names the field, the limit and its ISOSWEEP_ variable.
     """
+    settings = settings or get_settings()
     if isinstance(data, str):
-        data = _load_text(data)
+        data = _load_text(data, settings)
     if not isinstance(data, dict):
         raise InvalidInput(
             "a sweep spec must be a mapping (name, parameters, seeds, …)", field="spec"
         )
+    check_shape(data, max_nodes=max_nodes(settings), field="spec")
+    check_storable(data, "", ints=False)  # before pydantic, whose message for text is unclear
     try:
-        spec = SweepSpec.model_validate(data)
+        spec = SweepSpec.model_validate(data, strict=True)
     except ValidationError as exc:
-        raise pydantic_to_invalid(exc) from None
+        raise capped_invalid(exc) from None
     except RecursionError:
         raise InvalidInput("the document is nested too deeply", field="spec") from None
-    check_limits(spec, settings or get_settings())
+    check_limits(spec, settings)
     check_storable(spec.model_dump(mode="json"), "")
     return spec
+
+
+def max_nodes(settings: Settings) -> int:
+    """The most values a valid spec can hold: its axes' and seeds' values number at most the
+    trial limit plus one per axis (a product of n factors ≥ 1 is at least their sum − n + 1),
+    plus keys, tags and the rest."""
+    return settings.max_trials_per_sweep + 2000
 
 
 def load_spec(path: str | Path, *, settings: Settings | None = None) -> SweepSpec:
@@ -200,14 +234,14 @@ def load_spec(path: str | Path, *, settings: Settings | None = None) -> SweepSpe
     return parse_spec(text, settings=settings)
 
 
-def _load_text(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)  # YAML 1.1 is a superset of the JSON we accept
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InvalidInput(f"YAML syntax error{where}: {problem}", field="spec") from None
+def _load_text(text: str, settings: Settings) -> Any:
+    if len(text) > settings.max_body_bytes:
+        raise LimitExceeded(
+            f"the spec ({len(text)} characters) is over the limit of {settings.max_body_bytes} "
+            f"(set by {_env_name('max_body_bytes')})",
+            field="spec",
+        )
+    return load_yaml(text, max_nodes=max_nodes(settings))
 
 
 # Limits on single fields: (field, Settings attribute).
@@ -275,23 +309,28 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
     """The sweep's trials: the cartesian product of the axes, in the order they are written, with
     the seeds innermost (consecutive trials are the seeds of one configuration).
 
+    A point that validates to the config of an earlier one is dropped (the first is kept): e.g.
+    optimizer × momentum, where Adam's momentum is normalized to 0, gives Adam one trial per
+    seed, not one per momentum value with equal numbers posing as replicates. So a sweep can
+    have fewer trials than `n_trials`, the product.
+
     Raises:
         InvalidInput: some combination of values is not a valid TrialConfig (field `parameters`).
     """
     axes = spec.axes
     names = list(axes)
-    trials = []
+    trials: dict[TrialConfig, None] = {}  # insertion-ordered set: the first of equal configs
     for values in itertools.product(*axes.values(), spec.seed_list):
         point = dict(zip(names, values[:-1], strict=True))
         try:
-            trials.append(parse_trial_config({**spec.fixed, **point, "seed": values[-1]}))
+            trials.setdefault(parse_trial_config({**spec.fixed, **point, "seed": values[-1]}))
         except InvalidInput as exc:
             at = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise InvalidInput(
                 f"{exc.message}" + (f" (in the trial with {at})" if at else ""),
                 field="parameters",
             ) from None
-    return trials
+    return list(trials)
 
 
 def swept_fields(spec: SweepSpec) -> list[str]:
@@ -312,9 +351,9 @@ def swept_fields_of(spec: Mapping[str, Any]) -> list[str]:
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 
 
-def check_storable(data: Any, root: str) -> None:
-    """Refuse strings with NUL or unpaired surrogates and integers outside 32 bits, anywhere in
-    the document. Iterative, and each container is visited once.
+def check_storable(data: Any, root: str, *, ints: bool = True) -> None:
+    """Refuse strings with NUL or unpaired surrogates and (with `ints`) integers outside 32
+    bits, anywhere in the document. Iterative, and each container is visited once.
 
     Raises:
         InvalidInput: naming the path of the first offending value.
@@ -337,9 +376,10 @@ def check_storable(data: Any, root: str) -> None:
                 stack.append((v, sub))
         elif isinstance(value, str):
             _check_text(value, path or "body")
-        elif isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+        elif ints and isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+            shown = value if abs(value) < 10**30 else f"an integer of {value.bit_length()} bits"
             raise InvalidInput(
-                f"{value} is outside the 32-bit integers [{INT_MIN}, {INT_MAX}]",
+                f"{shown} is outside the 32-bit integers [{INT_MIN}, {INT_MAX}]",
                 field=path or "body",
             )
 

@@ -1,9 +1,11 @@
 """docker-compose.yml and the Dockerfile: valid against the compose schema (no Docker engine
-here), and every isosweep command and ISOSWEEP_* variable they use exists in the project."""
+here), every isosweep command and ISOSWEEP_* variable they use exists in the project, and every
+`isosweep serve` has what it needs to start (a token beyond loopback)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from api.cli import serve
 from api.cli.main import build_parser
 from service.settings import Settings
 
@@ -87,6 +90,41 @@ def test_every_isosweep_variable_is_a_setting():
     names = set(re.findall(r"\bISOSWEEP_([A-Z_]+)\b", text)) - {"PUBLISH_HOST"}
     fields = {f.upper() for f in Settings.model_fields}
     assert names and names <= fields, names - fields
+
+
+def unexported(value: str) -> str:
+    """A compose value as interpolated with no variable exported: `${V:-d}` is d, `${V}` empty,
+    and `${V:?msg}` a stand-in: compose refuses to start without V, so V is set when it runs."""
+
+    def one(m: re.Match) -> str:
+        name, op, rest = m.group(1), m.group(2), m.group(3)
+        if op in (":?", "?"):
+            return f"<{name}>"
+        return rest if op in (":-", "-") else ""
+
+    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}", one, value)
+
+
+def test_unexported_interpolation():
+    assert unexported("${A:-x}/${B}") == "x/" and unexported("${C:?set C, e.g. 1}") == "<C>"
+
+
+def test_every_serve_has_what_it_needs_to_start(monkeypatch):
+    """`isosweep serve` beyond loopback refuses to start without a token (or allow_open): a
+    service serving 0.0.0.0 in its container must be given one."""
+    parser = build_parser()
+    served = 0
+    for service in _compose()["services"].values():
+        for argv in (c for c in _commands(service) if c[0] == "serve"):
+            for var in [v for v in os.environ if v.startswith("ISOSWEEP_")]:
+                monkeypatch.delenv(var)
+            for var, value in service.get("environment", {}).items():
+                monkeypatch.setenv(var, unexported(str(value)))
+            args = parser.parse_args(argv)
+            given = {"host": args.host, "allow_open": args.allow_open}
+            serve.check_open(Settings(**{k: v for k, v in given.items() if v is not None}))
+            served += 1
+    assert served, "no service runs isosweep serve"
 
 
 @pytest.mark.parametrize("service", ["ray-head", "ray-worker", "api"])

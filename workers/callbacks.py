@@ -4,13 +4,15 @@
   batched records, final statuses. Trial processes never see the database, nor its URL.
 - `CancelStopper` reads the sweep's cancel flag (throttled) and stops every trial promptly; it
   also stops a trial on its diverged record.
-- `Heartbeat` extends the runner's lease every lease/3 s; if another runner took the sweep over,
-  the driver stops and writes nothing more.
+- `Heartbeat` holds the runner's lease from the claim on (Ray's start-up included), extending it
+  every lease/3 s; once the lease is lost (another runner took the sweep over, or no heartbeat
+  went through for a whole lease) the driver stops and writes nothing more.
 - `SweepProgress`: trials done, epochs, ETA, for progress bars and logs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -24,8 +26,9 @@ from typing import Any
 from ray import tune
 
 from service.errors import Conflict, StorageError
+from service.status import TrialStatus, trials_finished
 from service.store import Store
-from service.store.models import FINISHED_TRIAL
+from service.store.sweeps import LeaseLost
 from workers.trainable import DEVICE_KEY, PARAM_KEY, from_transport
 
 log = logging.getLogger("isosweep.driver")
@@ -70,7 +73,7 @@ class SweepProgress:
 
     @property
     def trials_done(self) -> int:
-        return sum(n for s, n in self.counts.items() if s in FINISHED_TRIAL)
+        return trials_finished(self.counts)
 
     @property
     def epochs_total(self) -> int:
@@ -78,10 +81,11 @@ class SweepProgress:
 
     @property
     def epochs_done(self) -> int:
-        return sum(
-            n if self.status.get(t) in FINISHED_TRIAL else min(self.done.get(t, 0), n)
-            for t, n in self.expected.items()
-        )
+        def recorded(t: int, n: int) -> int:
+            finished = TrialStatus(self.status.get(t, TrialStatus.QUEUED)).is_finished()
+            return n if finished else min(self.done.get(t, 0), n)
+
+        return sum(recorded(t, n) for t, n in self.expected.items())
 
     @property
     def elapsed_s(self) -> float:
@@ -115,7 +119,11 @@ class StoreCallback(DriverSide, tune.Callback):
     """The only writer of results: trial starts, records in batches, final statuses.
 
     Every state change flushes the pending records first, so that a retry's `start_trial`
-    (which resets the trial's progress) never comes between an attempt and its records.
+    (which resets the trial's progress) never comes between an attempt and its records. With a
+    `runner_id`, every write is fenced by the store (it happens only while this runner holds
+    the sweep): a write refused for that (LeaseLost) sets `control.lost`, as the heartbeat
+    does, so nothing is written after another runner took the sweep over, however late this
+    one's heartbeat would have noticed.
     """
 
     def __init__(
@@ -126,12 +134,14 @@ class StoreCallback(DriverSide, tune.Callback):
         *,
         progress: Callable[[SweepProgress], None] | None = None,
         final_epochs: dict[int, int],
+        runner_id: str | None = None,
         flush_records: int = FLUSH_RECORDS,
         flush_s: float = FLUSH_S,
     ):
         self.store, self.control, self.tracker = store, control, tracker
         self.progress = progress
         self.final_epochs = final_epochs  # trial id → its config's last epoch
+        self.runner_id = runner_id
         self.flush_records, self.flush_s = flush_records, flush_s
         self.buffer: list[tuple[int, dict[str, Any]]] = []
         self.oldest = 0.0  # monotonic time of the oldest buffered record
@@ -146,13 +156,15 @@ class StoreCallback(DriverSide, tune.Callback):
         if self.control.lost.is_set():
             return
         try:
-            self.store.start_trial(tid)
+            self._fenced(self.store.start_trial, tid)
+        except LeaseLost:
+            return
         except Conflict as exc:  # cancelled while it waited; the stopper ends the run
             log.info("trial %d not started: %s", tid, exc)
             self.skipped.add(tid)
             return
         self.last.pop(tid, None)
-        self._event("start", tid, status="running", done=0)
+        self._event("start", tid, status=TrialStatus.RUNNING, done=0)
 
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
@@ -180,15 +192,16 @@ class StoreCallback(DriverSide, tune.Callback):
         if tid in self.skipped or self.control.lost.is_set():
             return
         status, error = self._outcome(tid)
-        self.store.finish_trial(tid, status, error)
-        self._event("finish", tid, status=status)
+        with contextlib.suppress(LeaseLost):
+            self._fenced(self.store.finish_trial, tid, status, error)
+            self._event("finish", tid, status=status)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         tid = trial_key(trial)
         self.flush()
         summary = error_text(trial).split("\n", 1)[0]
         log.warning("trial %d failed (attempt %d), retrying: %s", tid, trial.num_failures, summary)
-        self._event("retry", tid, status="queued", done=0)
+        self._event("retry", tid, status=TrialStatus.QUEUED, done=0)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         tid = trial_key(trial)
@@ -197,8 +210,9 @@ class StoreCallback(DriverSide, tune.Callback):
             return
         text = error_text(trial)
         log.warning("trial %d failed after %d attempts: %s", tid, trial.num_failures, text[:300])
-        self.store.finish_trial(tid, "failed", text)
-        self._event("finish", tid, status="failed")
+        with contextlib.suppress(LeaseLost):
+            self._fenced(self.store.finish_trial, tid, TrialStatus.FAILED, text)
+            self._event("finish", tid, status=TrialStatus.FAILED)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.flush()
@@ -209,17 +223,29 @@ class StoreCallback(DriverSide, tune.Callback):
         """Write the buffered records in one transaction (nothing once the lease is lost)."""
         batch, self.buffer = self.buffer, []
         if batch and not self.control.lost.is_set():
-            self.store.write_records(batch)
+            with contextlib.suppress(LeaseLost):
+                self._fenced(self.store.write_records, batch)
 
-    def _outcome(self, tid: int) -> tuple[str, str | None]:
+    def _fenced(self, write: Callable[..., Any], *args: Any) -> Any:
+        """A store write fenced by this runner's hold on the sweep; LeaseLost sets
+        control.lost (and is raised on)."""
+        try:
+            return write(*args, runner_id=self.runner_id)
+        except LeaseLost as exc:
+            if not self.control.lost.is_set():
+                log.warning("%s; stopping", exc)
+            self.control.lost.set()
+            raise
+
+    def _outcome(self, tid: int) -> tuple[TrialStatus, str | None]:
         last = self.last.get(tid)
         if last is not None and last["diverged"]:
-            return "diverged", None
+            return TrialStatus.DIVERGED, None
         final = self.final_epochs[tid]
         if last is None or last["epoch"] != final:
             reached = "no record" if last is None else f"epoch {last['epoch']}"
-            return "failed", f"the trial ended at {reached} of {final} without an error"
-        return "completed", None
+            return TrialStatus.FAILED, f"the trial ended at {reached} of {final} without an error"
+        return TrialStatus.COMPLETED, None
 
     def _event(self, event: str, tid: int, *, status: str | None = None, done: int | None = None):
         t = self.tracker
@@ -257,12 +283,41 @@ class CancelStopper(DriverSide, tune.Stopper):
 
 
 class Heartbeat:
-    """A daemon thread extending the lease every `interval_s`; sets `control.lost` when the
-    store says the sweep is no longer this runner's."""
+    """A daemon thread that holds a runner's lease on a sweep from the claim to the end of the
+    run: it extends the lease every `interval_s`, and sets `control.lost` (which stops the trials
+    and every further write) as soon as the lease may no longer be this runner's:
 
-    def __init__(self, store: Store, sweep_id: int, runner_id: str, interval_s: float, control):
+    - the store says another runner holds the sweep (it took the sweep over), or
+    - no heartbeat has gone through for `lease_s` (the store unreachable): the lease has run
+      out by this clock, and another runner may have claimed it.
+
+    (A heartbeat that goes through late, after a stall, is still this runner's: the store says
+    whether another runner took the sweep meanwhile, and StoreCallback's writes are fenced.)
+
+    After a failed heartbeat it tries again sooner (half the time left, at most `interval_s`).
+
+    Args:
+        interval_s: time between heartbeats (the runner uses lease_s / 3).
+        lease_s: the lease the sweep was claimed with (default 3 × interval_s).
+        since: `time.monotonic()` when the lease was last extended: taken just before the
+            claim, so that the lease's end is never overestimated (default: now).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        sweep_id: int,
+        runner_id: str,
+        interval_s: float,
+        control: SweepControl,
+        *,
+        lease_s: float | None = None,
+        since: float | None = None,
+    ):
         self.store, self.sweep_id, self.runner_id = store, sweep_id, runner_id
         self.interval_s, self.control = interval_s, control
+        self.lease_s = 3 * interval_s if lease_s is None else lease_s
+        self.good_until = (time.monotonic() if since is None else since) + self.lease_s
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._beat, name=f"heartbeat-{sweep_id}", daemon=True)
 
@@ -275,16 +330,26 @@ class Heartbeat:
         self.thread.join()
 
     def _beat(self) -> None:
-        while not self.done.wait(self.interval_s):
+        wait = self.interval_s
+        while not self.done.wait(wait):
+            sent = time.monotonic()
             try:
                 ours = self.store.heartbeat(self.sweep_id, self.runner_id)
-            except StorageError as exc:  # keep trying until the lease runs out
-                log.warning("sweep %d: heartbeat failed: %s", self.sweep_id, exc)
+            except StorageError as exc:
+                left = self.good_until - time.monotonic()
+                if left <= 0:
+                    return self._lose("no heartbeat went through for the whole lease")
+                log.warning("sweep %d: heartbeat failed (%.1fs of lease left): %s",
+                            self.sweep_id, left, exc)  # fmt: skip
+                wait = min(self.interval_s, max(left / 2, 0.05))
                 continue
             if not ours:
-                log.warning("sweep %d: another runner holds it now; stopping", self.sweep_id)
-                self.control.lost.set()
-                return
+                return self._lose("another runner holds it now")
+            self.good_until, wait = sent + self.lease_s, self.interval_s
+
+    def _lose(self, why: str) -> None:
+        log.warning("sweep %d: the lease is lost (%s); stopping", self.sweep_id, why)
+        self.control.lost.set()
 
 
 def trial_key(trial: Any) -> int:

@@ -92,6 +92,23 @@ def standardize(X_train: Tensor, y_train: Tensor, X_test: Tensor, y_test: Tensor
     )
 
 
+def normalize_inputs(X: Tensor, how: str) -> Tensor:
+    """TrialConfig.input_norm applied to (N, D) inputs: "none" returns X itself; "unit_rms"
+    scales each sample to unit root mean square, x_i ↦ x_i / √(‖x_i‖²/D) (as Joudaki et al.
+    2023's code feeds its MLPs), computed in float64 and returned in X's dtype. An all-zero sample
+    stays zero.
+    """
+    if how == "none":
+        return X
+    if how != "unit_rms":
+        raise InvalidInput(
+            f"unknown input_norm {how!r}", field="input_norm", allowed=("none", "unit_rms")
+        )
+    x = X.to(torch.float64)
+    rms = x.pow(2).mean(dim=1, keepdim=True).sqrt()
+    return (x / torch.where(rms > 0, rms, 1.0)).to(X.dtype)
+
+
 def subset(data: Dataset, k: int, generator: torch.Generator) -> Dataset:
     """k training samples drawn without replacement with `generator`; the test set is kept."""
     if k >= len(data.X_train):

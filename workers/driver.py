@@ -7,6 +7,8 @@
   fractional GPUs allowed) and `FailureConfig(max_failures=spec.max_failures)`.
 - workers/callbacks.py: `StoreCallback` (the only writer), `CancelStopper` (the cancel flag,
   divergence), `Heartbeat` (the lease), `SweepProgress`.
+- The lease: `Runner.run_once` starts the Heartbeat at the claim, before Ray starts, and hands its
+  `SweepControl` in; called without one, run_sweep holds the lease itself from its start.
 
 Resumption is the store's, not Tune's: a restarted runner claims the sweep again and runs the
 trials that are not finished; writes are idempotent upserts, so nothing is duplicated.
@@ -29,6 +31,7 @@ from ray import tune
 
 from service.errors import Conflict
 from service.spec import SweepSpec
+from service.status import TrialStatus
 from service.store import Store, SweepInfo, TrialInfo
 from workers.callbacks import (
     CancelStopper,
@@ -82,6 +85,7 @@ def run_sweep(
     ray_address: str | None = None,
     lease_s: float | None = None,
     stop: threading.Event | None = None,
+    control: SweepControl | None = None,
 ) -> SweepInfo:
     """Run the trials of a sweep claimed by `runner_id` that are not finished, then finish it.
 
@@ -96,6 +100,9 @@ def run_sweep(
             heartbeat runs every lease_s / 3.
         stop: set it to stop the run cleanly (the runner's SIGTERM): trials stop, records are
             flushed, and the sweep goes back to the queue at once (store.release_sweep).
+        control: the run's SweepControl when the caller already holds the lease with a
+            Heartbeat of its own (Runner.run_once, from the claim on); `stop` and `lease_s`
+            are then unused. Without it, run_sweep starts the Heartbeat itself.
 
     Returns:
         The sweep as it stands: finished (completed, failed or cancelled), queued again when it
@@ -108,21 +115,24 @@ def run_sweep(
     sweep = store.get_sweep(sweep_id)
     spec = SweepSpec.model_validate(sweep.spec)
     trials = store.runnable_trials(sweep_id)
-    control = SweepControl(stop)
     tracker = new_progress(sweep, trials)
     if progress is not None:
         progress(tracker)
+    held = control is not None
+    control = control or SweepControl(stop)
     lease = lease_s or store.settings.runner_lease_s
-    with Heartbeat(store, sweep_id, runner_id, lease / 3, control):
-        if trials and not sweep.cancel_requested:  # cancelled while its runner was gone
+    beat = Heartbeat(store, sweep_id, runner_id, lease / 3, control, lease_s=lease)
+    with contextlib.nullcontext() if held else beat:
+        # not when cancelled while its runner was gone, nor stopped or lost while Ray started
+        if trials and not sweep.cancel_requested and not control.halted():
             init_ray(ray_address)
             local = not (ray_address or os.environ.get("RAY_ADDRESS"))
             short = unmet_resources(spec.resources.cpu, spec.resources.gpu) if local else None
             if short:  # a fixed local instance would wait forever: fail the trials instead
                 for t in trials:
-                    store.finish_trial(t.id, "failed", short)
+                    store.finish_trial(t.id, TrialStatus.FAILED, short, runner_id=runner_id)
             else:
-                _tune(store, sweep, spec, trials, control, tracker, progress)
+                _tune(store, sweep, spec, trials, control, tracker, progress, runner_id)
     return conclude(store, sweep_id, runner_id, control)
 
 
@@ -148,7 +158,7 @@ def new_progress(sweep: SweepInfo, trials: list[TrialInfo]) -> SweepProgress:
         trials_total=sweep.n_trials,
         base_counts=+base,  # unary + drops the zeros
         expected={t.id: t.epochs_total for t in trials},
-        status={t.id: "queued" for t in trials},
+        status={t.id: TrialStatus.QUEUED for t in trials},
     )
 
 
@@ -160,6 +170,7 @@ def _tune(
     control: SweepControl,
     tracker: SweepProgress,
     progress: Callable[[SweepProgress], None] | None,
+    runner_id: str,
 ) -> None:
     data_dir = str(Path(store.settings.data_dir).expanduser().resolve())
     params = [{"trial_id": t.id, "config": t.config, "data_dir": data_dir} for t in trials]
@@ -170,6 +181,7 @@ def _tune(
         tracker,
         progress=progress,
         final_epochs={t.id: t.config["epochs"] for t in trials},
+        runner_id=runner_id,
     )
     log.info(
         "sweep %d (%s): running %d of %d trials, %s per trial",

@@ -1,9 +1,26 @@
 """Measurements of one network on the probe batch: isometry gaps, weight gaps, gradient norms.
 
 The isometry of an n × n Gram matrix G with eigenvalues λ₁..λₙ (Joudaki et al. 2023, Eq. 3) is
-I(G) = det(G)^(1/n) / (tr(G)/n); its gap is −log I(G) = log(mean λ) − mean(log λ) ∈ [0, ∞].
-Every gap here is computed from float64 eigenvalues of Grams stacked into as few `eigvalsh` calls
-as there are distinct Gram sizes — never one call per layer.
+I(G) = det(G)^(1/n) / (tr(G)/n); its gap is −log I(G) = log(mean λ) − mean(log λ) ∈ [0, ∞]. The
+definition — including when it is +∞ — is `service.isometry`'s; this module computes the same
+formula batched in torch (CPU or CUDA), and the tests hold it to that module on the same inputs.
+
+When a gap is +∞ is decided from the network, not from rounding (`structures`): a Gram is
+singular exactly when the architecture forces rank(H) < n — n > d, a centring normalization and
+the maps that carry its null space forward. Everything else is regular, however ill-conditioned,
+and gets a finite gap. Exact zeros that the numbers show still give +∞: a row of H that is
+exactly zero (a sample a ReLU maps to 0) or a column that is (a unit dead on the whole batch)
+lowers the rank bound (`refine`). Other exact dependences that neither reveals (e.g. two ReLU
+units alive on one and the same sample only) read as a large finite gap set by float64 rounding
+(σ_min ~ 1e-16·σ_max): the tracker cannot see them, and no tolerance can tell them from the
+regular Grams of deep Gaussian chains, which reach λ_min/λ_max ≈ 1e-35 (docs/architecture.md).
+
+How (`range_gaps`): no Gram is formed. A float64 Householder QR of Mᵀ gives G = M Mᵀ = RᵀR,
+so gap = log(‖M‖²_F/n) − (2/n)Σ log|R_ii|, accurate to ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of a
+formed G would be ~ ε₆₄·κ(G), and eigvalsh worse). An inverse-iteration step through R
+estimates κ(G); the few beyond KAPPA_MAX go to the float64 singular values σ of M instead
+(λ = σ²), as do range gaps of fewer eigenvalues than the smaller side. All of it is batched over
+layers, one call per distinct (structure, shape).
 """
 
 from __future__ import annotations
@@ -19,134 +36,324 @@ from torch import Tensor
 
 from workers import nn
 
-# Grams of one eigvalsh call hold at most this many float64 entries (≈ 128 MiB): depth 1000 at
-# batch 100 fits in two calls, and a huge batch cannot take the machine's memory.
-MAX_EIG_ENTRIES = 1 << 24
+# Matrices of one batched float64 call hold at most this many entries (≈ 128 MiB): a huge batch
+# cannot take the machine's memory.
+MAX_GRAM_ENTRIES = 1 << 24
 F64 = torch.float64
+# The QR gap is used where κ̂ = mean(λ)/λ̂_min ≤ KAPPA_MAX (λ̂_min ≥ λ_min: one inverse-iteration
+# step from two start vectors, which undershoots κ by up to ~100×); above, the float64 SVD of M
+# decides. Measured against the SVD gap on float32 networks at n = d = 100 and 128
+# (tanh/BatchNorm, identity/batch_scale, ReLU with and without BatchNorm, Gaussian weights; 1022
+# Grams): relative difference ≤ 3e-14 for true κ < 1e11, ≤ 3e-9 for κ up to 1e22, 4e-8 at
+# κ = 3e25 — so 1e20 keeps a margin of > 300 under the 1e-6 that the tests ask.
+KAPPA_MAX = 1e20
+# σ_min/σ_max below ~max(n, d)·ε₆₄ (λ ratio ~1e-27 at n = d = 128) is below the float64 SVD's own
+# resolution: there neither it nor QR measures λ_min, and QR's cheaper value is kept.
+KAPPA_UNRESOLVED = 1e28
+INVERSE_ITERATIONS = 1
 
 
-def singular_tol(n: int, d: int, dtype: torch.dtype) -> float:
-    """Relative size below which the smallest eigenvalue of G = H Hᵀ (H: n × d) counts as zero.
+@dataclass(frozen=True)
+class Structure:
+    """What the network forces on a representation H (n × d) whatever its numbers are.
 
-    tol = k·(ε_H² + 64·ε₆₄), k = max(n, d). Why:
-    - H is known to the precision of its dtype: rounding each entry (|δh| ≤ ε_H|h|) moves a
-      singular value by at most ‖δH‖_F ≤ ε_H‖H‖_F ≤ √k·ε_H·σ_max, so σ_min/σ_max below √k·ε_H —
-      λ_min/λ_max below k·ε_H² — cannot be told from 0 (float32, k = 100: 1.4e-12).
-    - Forming G and `eigvalsh` in float64 err by O(k·ε₆₄·λ_max): the floor for float64 H.
-    Measured on float32 networks, exactly singular Grams (centering BatchNorm/LayerNorm outputs,
-    identity σ or Linear right after them) read λ_min/λ_max ≲ 1e-14, ≥ 20× under tol at any
-    n = d ≥ 8, while ill-conditioned Grams of Gaussian-init layers read 1e-9..1e-12 and stay
-    finite. The worst-case bound (k·ε_H)² would turn those into +inf.
+    ones_in_null: 1ᵀH = 0 exactly (every feature centred over the batch), so G·1 = 0.
+    rank: an upper bound on rank(H); G is structurally singular iff rank < n, with structural
+    null dimension n − rank.
     """
-    k = max(n, d)
-    return k * (torch.finfo(dtype).eps ** 2 + 64 * torch.finfo(F64).eps)
+
+    ones_in_null: bool
+    rank: int
 
 
-def gaps_from_eigenvalues(lam: Tensor, tol: Tensor | float) -> Tensor:
-    """Isometry gaps from ascending eigenvalues. lam: (B, n) float64 → (B,).
-
-    Singular (λ_min ≤ tol·λ_max, or λ_max ≤ 0: the zero Gram) gives +inf. Rounding can make a
-    perfect isometry read −1e-16; the gap is ≥ 0 by AM ≥ GM, so it is clamped there.
-    """
-    lam_min, lam_max = lam[:, 0], lam[:, -1]
-    singular = (lam_max <= 0) | (lam_min <= tol * lam_max)
-    safe = torch.where(singular.unsqueeze(1), torch.ones_like(lam), lam)  # keeps log finite
-    gap = torch.log(safe.mean(dim=1)) - torch.log(safe).mean(dim=1)
-    return torch.where(singular, torch.full_like(gap, math.inf), gap.clamp_min(0.0))
+def _is_zero(t: Tensor | None) -> bool:
+    return t is None or bool(torch.all(t == 0))
 
 
-def gram_gaps(G: Tensor, tol: Tensor | float) -> Tensor:
-    """Isometry gaps of symmetric PSD Grams. G: (B, n, n) → (B,) float64.
-
-    A Gram with a non-finite entry has no defined gap: NaN (it is swapped for I before the
-    eigenvalue call, which would otherwise fail or return garbage). For a Gram H Hᵀ a non-finite
-    entry implies a non-finite diagonal, so the trace tells, at O(n) per matrix.
-    """
-    G = G.to(F64)
-    finite = torch.isfinite(torch.diagonal(G, dim1=-2, dim2=-1).sum(dim=-1))  # (B,)
-    if not bool(finite.all()):
-        eye = torch.eye(G.shape[-1], dtype=F64, device=G.device)
-        G = torch.where(finite[:, None, None], G.nan_to_num(0.0, 0.0, 0.0), eye)
-    per_call = max(1, MAX_EIG_ENTRIES // G.shape[-1] ** 2)
-    lam = torch.cat([torch.linalg.eigvalsh(c) for c in G.split(per_call)])  # (B, n) ascending
-    gaps = gaps_from_eigenvalues(lam, tol)
-    return torch.where(finite, gaps, torch.full_like(gaps, math.nan))
+def support(H: Tensor) -> tuple[int, int]:
+    """How many rows and columns of H (n, d) are not all zero."""
+    nz = H != 0
+    return int(nz.any(dim=1).sum()), int(nz.any(dim=0).sum())
 
 
-@dataclass
-class _Job:
-    """A stack M (B, r, c) whose Grams M Mᵀ (B, r, r) need gaps; r > c means singular by rank."""
-
-    M: Tensor
-    tol: float
-
-    @property
-    def rank_deficient(self) -> bool:
-        return self.M.shape[1] > self.M.shape[2]
+def refine(s: Structure, H: Tensor, counts: tuple[int, int] | None = None) -> Structure:
+    """What the numbers of H (n, d) force besides: rank ≤ its not-all-zero rows and columns (a
+    zero row is a sample the layer maps to 0 — an exactly zero eigenvalue; a zero column a unit
+    that is 0 on the whole batch, e.g. a dead ReLU); with 1 in the null space, ≤ rows − 1.
+    `counts`: `support(H)` if already known."""
+    rows, cols = counts or support(H)
+    rank = min(s.rank, rows - int(s.ones_in_null), cols)
+    return Structure(s.ones_in_null, max(rank, 0))
 
 
-def _batched_gaps(jobs: list[_Job]) -> list[Tensor]:
-    """Gaps of every job's Grams, with one `eigvalsh` per distinct Gram size (chunked by memory).
+def input_structure(x: Tensor) -> Structure:
+    """The probe inputs (n, d_in): nothing forced but their zero rows and columns."""
+    return refine(Structure(False, min(x.shape)), x)
 
-    The float64 Grams of equal size are written straight into one buffer (no copies), from
-    float64 chunks of each stack.
-    """
-    out: list[Tensor] = [torch.empty(0)] * len(jobs)
-    sizes: dict[int, list[int]] = {}  # Gram size r → the jobs that have it
-    for i, job in enumerate(jobs):
-        if job.rank_deficient:  # n > d: G = H Hᵀ has rank ≤ d < n, singular exactly
-            finite = torch.isfinite(job.M).flatten(1).all(dim=1)
-            out[i] = torch.where(finite, math.inf, math.nan).to(F64)
+
+def _after_linear(s: Structure, n: int, d: int, bias: Tensor | None) -> Structure:
+    """H Wᵀ keeps 1ᵀH = 0 and rank ≤ min(rank, d); a non-zero bias adds 1 bᵀ: rank + 1, and 1
+    leaves the null space."""
+    if _is_zero(bias):
+        return Structure(s.ones_in_null, min(s.rank, d))
+    return Structure(False, min(s.rank + 1, n, d))
+
+
+def _after_norm(spec: nn.Spec, p: nn.Params, ell: int, s: Structure, n: int, d: int) -> Structure:
+    """BatchNorm centres features over the batch: (I − 11ᵀ/n)H·D, rank ≤ min(rank, n − 1) and 1ᵀ
+    out = 0 if β = 0 (else + 1βᵀ: rank + 1). LayerNorm centres samples over features:
+    D·H(I − 11ᵀ/d), rank ≤ min(rank, d − 1) (+ 1 for β ≠ 0); its per-sample scaling moves 1 out
+    of the null space. The scale-only variants scale columns (batch_scale: keeps both) or rows
+    (layer_scale: keeps the rank only)."""
+    if spec.norm == "batch":
+        r = min(s.rank, n - 1)
+        return Structure(True, r) if _is_zero(p[f"beta{ell}"]) else Structure(False, r + 1)
+    if spec.norm == "layer":
+        r = min(s.rank, d - 1) + (0 if _is_zero(p[f"beta{ell}"]) else 1)
+        return Structure(False, min(r, n))
+    if spec.norm == "layer_scale":
+        return Structure(False, s.rank)
+    return s  # batch_scale, none
+
+
+def _after_act(spec: nn.Spec, s: Structure, n: int, d: int) -> Structure:
+    """σ = identity (any gain) maps H to αH; a non-linear σ ends every forced dependence."""
+    return s if spec.activation == "identity" else Structure(False, min(n, d))
+
+
+def structures(
+    spec: nn.Spec,
+    p: nn.Params,
+    x: Tensor,
+    taps: list[tuple[Tensor, ...]],
+    counts: dict[int, tuple[int, int]] | None = None,
+) -> list[tuple[Structure, ...]]:
+    """Per block, the Structure of its (Linear, norm, activation) outputs — the taps of
+    `nn.forward` — followed in the block's order, each refined by its own zero rows and columns
+    (`refine`) before it is carried on. Parameter values decide (β or b exactly 0?), not config
+    flags, so trained networks and non-zero bias inits are judged as they are. `counts`: the
+    `support` of taps already measured, by id()."""
+    n, d = x.shape[0], spec.width
+    s = input_structure(x)
+    known = counts or {}
+    out = []
+
+    def fit(s: Structure, h: Tensor) -> Structure:
+        return refine(s, h, known.get(id(h)))
+
+    for ell, (hz, hn, ha) in enumerate(taps, start=1):
+        z = fit(_after_linear(s, n, d, p.get(f"b{ell}")), hz)
+        if spec.order == "norm_act":
+            nrm = fit(_after_norm(spec, p, ell, z, n, d), hn)
+            a = fit(_after_act(spec, nrm, n, d), ha)
+            s = a
         else:
-            sizes.setdefault(job.M.shape[1], []).append(i)
-    for r, idx in sizes.items():
-        counts = [len(jobs[i].M) for i in idx]
-        device = jobs[idx[0]].M.device
-        G = torch.empty(sum(counts), r, r, dtype=F64, device=device)  # (ΣB, r, r)
-        tol = torch.tensor([jobs[i].tol for i in idx], dtype=F64)
-        tol = tol.repeat_interleave(torch.tensor(counts))  # (ΣB,)
-        start = 0
-        for i in idx:
-            M = jobs[i].M  # (B, r, c)
-            for Mc in M.split(max(1, MAX_EIG_ENTRIES // (r * M.shape[2]))):
-                m = Mc.to(F64)
-                torch.matmul(m, m.mT, out=G[start : start + len(m)])
-                start += len(m)
-        gaps = gram_gaps(G, tol.to(device))
-        for i, g in zip(idx, gaps.split(counts), strict=True):
-            out[i] = g
+            a = fit(_after_act(spec, z, n, d), ha)
+            nrm = fit(_after_norm(spec, p, ell, a, n, d), hn)
+            s = nrm
+        out.append((z, nrm, a))
     return out
 
 
-def isometry_gaps(H: Tensor) -> Tensor:
-    """Gaps of the sample Grams G = H Hᵀ of a stack of representations. H: (B, n, d) → (B,).
+# ---------------------------------------------------------------------------------------------
+# Gaps from numbers
 
-    G is over samples (n × n; Joudaki et al. 2023, Sec. 3), formed and diagonalized in float64;
-    n > d makes G singular (+inf), as does any H whose rows are linearly dependent to within the
-    precision of H's dtype (see `singular_tol`).
+
+def gaps_from_eigenvalues(lam: Tensor) -> Tensor:
+    """log(mean λ) − mean(log λ) per row of lam (B, r) ≥ 0 (float64) → (B,): `service.isometry.
+    gap_from_eigenvalues` in torch. A zero λ gives +∞; rounding below 0 is clipped (AM ≥ GM)."""
+    if lam.shape[1] == 0:
+        return torch.full(lam.shape[:1], math.inf, dtype=F64, device=lam.device)
+    mean = lam.mean(dim=1, keepdim=True)
+    gap = (-torch.log(lam / mean).mean(dim=1)).clamp_min(0.0)
+    return torch.where(lam.min(dim=1).values > 0, gap, math.inf)
+
+
+def project_out_ones(H: Tensor) -> Tensor:
+    """Qᵀ H (B, n − 1, d) in float64 for the orthonormal basis Q of 1⊥ of `service.isometry.
+    centred_basis` (a Householder reflection, O(nd)): all of a batch-centred H, without the
+    rounding it leaves along 1."""
+    H = H.to(F64)
+    n = H.shape[-2]
+    u = torch.full((n, 1), 1 / math.sqrt(n), dtype=F64, device=H.device)
+    u[0] -= 1.0
+    PH = H - (2.0 / float(u.T @ u)) * u * (u.T @ H)  # (B, n, d)
+    return PH[..., 1:, :]
+
+
+def _svd_gaps(M: Tensor, r: int) -> Tensor:
+    """Gaps of the r largest λ = σ² of M (B, m, c), σ from float64 SVD (no Gram formed)."""
+    s = torch.linalg.svdvals(M.to(F64))  # (B, min(m, c)) descending
+    return gaps_from_eigenvalues(s[:, :r].square())
+
+
+def _start_vectors(m: int, device: torch.device) -> Tensor:
+    return torch.randn(m, 2, generator=torch.Generator().manual_seed(m), dtype=F64).to(device)
+
+
+def _inverse_iteration(solve, like: Tensor) -> Tensor:
+    """An estimate (from above) of λ_min of the Grams G (B, m, m) from `solve(v)` = G⁻¹v:
+    INVERSE_ITERATIONS steps of inverse iteration from two fixed start vectors."""
+    v = _start_vectors(like.shape[-1], like.device).expand(len(like), -1, -1)
+    est = torch.full(like.shape[:1], math.inf, dtype=F64, device=like.device)
+    for _ in range(INVERSE_ITERATIONS):
+        v = v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
+        w = solve(v)
+        est = torch.linalg.vector_norm(w, dim=1).reciprocal().amin(dim=1)
+        v = w
+    return est
+
+
+def _qr_log_det(M: Tensor) -> tuple[Tensor, Tensor]:
+    """(log det G, λ̂_min) of G = M Mᵀ, M (B, m, c) float64 with m ≤ c: Householder QR Mᵀ = QR
+    gives G = RᵀR, log det G = 2Σ log|R_ii|; G⁻¹v by two triangular solves (only the upper
+    triangle of geqrf's output is R, and only it is read)."""
+    m = M.shape[1]
+    A, _ = torch.geqrf(M.mT)
+    R = A[:, :m, :]
+
+    def solve(v: Tensor) -> Tensor:
+        w = torch.linalg.solve_triangular(R.mT, v, upper=False)
+        return torch.linalg.solve_triangular(R, w, upper=True)
+
+    log_det = 2.0 * torch.log(torch.diagonal(R, dim1=-2, dim2=-1).abs()).sum(dim=1)
+    return log_det, _inverse_iteration(solve, R)
+
+
+def _lu_log_det(M: Tensor) -> tuple[Tensor, Tensor]:
+    """(log det G, λ̂_min) of G = M Mᵀ, M (B, m, m) float64 square: LU with partial pivoting
+    PM = LU gives log det G = 2Σ log|U_ii| at (2/3)m³ flops, a third of QR's (4/3)m³, with the
+    same backward-error bound up to the growth factor (Higham 2002, Thm 9.5 and §9.4: it is
+    O(1) on the matrices measured here); G⁻¹v = M⁻ᵀ(M⁻¹v) by two LU solves."""
+    LU, piv, _ = torch.linalg.lu_factor_ex(M)
+
+    def solve(v: Tensor) -> Tensor:
+        w = torch.linalg.lu_solve(LU, piv, v, adjoint=True)
+        return torch.linalg.lu_solve(LU, piv, w)
+
+    log_det = 2.0 * torch.log(torch.diagonal(LU, dim1=-2, dim2=-1).abs()).sum(dim=1)
+    return log_det, _inverse_iteration(solve, LU)
+
+
+def _full_rank_gaps(M: Tensor) -> Tensor:
+    """Gaps of the regular Grams G = M Mᵀ of M (B, m, c), m ≤ c, without forming G: gap =
+    log(‖M‖²_F/m) − (1/m) log det G, log det G from the LU of a square M (`_lu_log_det`) or the
+    Householder QR of Mᵀ (`_qr_log_det`). Either errs by ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of
+    a formed G would be ~ ε₆₄·κ(G)); where the estimated κ(G) exceeds KAPPA_MAX (or the
+    factor is unusable) the float64 singular values of M decide instead."""
+    m = M.shape[1]
+    M = M.to(F64)
+    rows = torch.linalg.vector_norm(M, dim=2).square()  # (B, m): the diagonal of G
+    tr = rows.sum(dim=1)
+    finite = torch.isfinite(tr)
+    zero_row = (rows == 0).any(dim=1)  # an exactly zero sample: G singular, from the numbers
+    usable = finite & ~zero_row
+    if not bool(usable.all()):
+        M = torch.where(
+            usable[:, None, None], M, torch.eye(m, M.shape[2], dtype=F64, device=M.device)
+        )
+    log_det, lam_min = (_lu_log_det if m == M.shape[2] else _qr_log_det)(M)
+    gap = (torch.log(tr / m) - log_det / m).clamp_min(0.0)
+    kappa = (tr / m) / lam_min
+    # Above KAPPA_UNRESOLVED (κ̂ ≤ κ always) no float64 method resolves λ_min — the SVD's σ err
+    # by ~ε₆₄σ_max — and the factor's value stays: as close to the truth as the SVD's (measured
+    # on the scale-only chain of docs/architecture.md, Measurements).
+    route = usable & ~(kappa <= KAPPA_MAX) & ~(kappa > KAPPA_UNRESOLVED)  # NaN κ̂ routes too
+    if bool(route.any()):
+        gap[route] = _svd_gaps(M[route], m)
+    gap = torch.where(zero_row, math.inf, gap)
+    return torch.where(finite, gap, math.nan)
+
+
+def _centred_square_gaps(H: Tensor) -> Tensor:
+    """Range gaps of square H (B, n, n) with 1 in the null space of H Hᵀ (structure (True,
+    n − 1)): the gap of the n − 1 eigenvalues σᵢ² of K = (I − 11ᵀ/n)H, from one LU of a
+    square matrix instead of a QR of the (n − 1) × n QᵀH.
+
+    Bordering: H' = H + 1wᵀ = K + 1w̃ᵀ (w̃ = w + Hᵀ1/n: H's own rounding along 1 only moves w).
+    With x = H'⁻¹1, Kx = 1 − 1(w̃ᵀx), and 1ᵀK = 0 gives w̃ᵀx = 1, Kx = 0: x spans K's null
+    space. K = U diag(σ₁..σₙ₋₁, 0) Vᵀ has adj(K) = ±(Πσᵢ) v uᵀ (u = 1/√n, v = x/‖x‖), so
+    det H' = 1ᵀ adj(K)… = ±(Πσᵢ)·√n·w̃ᵀv, i.e. Σ log σᵢ = log|det H'| + log‖x‖ − ½ log n
+    (matrix determinant lemma on the adjugate; Horn & Johnson 2013, §0.8). tr(K Kᵀ) =
+    ‖H‖²_F − ‖1ᵀH‖²/n. w: a fixed random direction, √n‖w‖ the RMS σ, so H' is as well
+    conditioned as K on 1⊥. Where the estimated κ(H'H'ᵀ) exceeds KAPPA_MAX, or the numbers are
+    unusable, `project_out_ones` and `_full_rank_gaps` decide instead."""
+    n = H.shape[1]
+    H = H.to(F64)
+    ones_t = H.sum(dim=1)  # (B, n): 1ᵀH
+    tr = H.square().sum(dim=(1, 2)) - ones_t.square().sum(dim=1) / n
+    omega = _start_vectors(n, H.device)[:, 0]
+    w = torch.sqrt(tr.clamp_min(0) / (n * (n - 1)))[:, None] * (omega / omega.norm())
+    usable = torch.isfinite(tr) & (tr > 0)
+    Hb = torch.where(usable[:, None, None], H + w[:, None, :], torch.eye(n, dtype=F64))
+    LU, piv, _ = torch.linalg.lu_factor_ex(Hb)
+    ones = torch.ones(len(H), n, 1, dtype=F64, device=H.device)
+    x = torch.linalg.lu_solve(LU, piv, ones)
+    log_diag = torch.log(torch.diagonal(LU, dim1=-2, dim2=-1).abs()).sum(dim=1)
+    log_sigma = log_diag + torch.log(torch.linalg.vector_norm(x, dim=(1, 2))) - 0.5 * math.log(n)
+    gap = (torch.log(tr / (n - 1)) - 2.0 * log_sigma / (n - 1)).clamp_min(0.0)
+
+    def solve(v: Tensor) -> Tensor:
+        return torch.linalg.lu_solve(LU, piv, torch.linalg.lu_solve(LU, piv, v, adjoint=True))
+
+    kappa = (tr / (n - 1)) / _inverse_iteration(solve, LU)
+    route = ~usable | ~(kappa <= KAPPA_MAX) | ~torch.isfinite(gap)
+    if bool(route.any()):
+        gap[route] = _full_rank_gaps(project_out_ones(H[route]))
+    return gap
+
+
+def range_gaps(M: Tensor, rank: int, *, ones_in_null: bool = False) -> Tensor:
+    """Gaps of the `rank` largest eigenvalues of the Grams M Mᵀ of M (B, n, d) → (B,) float64:
+    the range gap of a structure (ones_in_null, rank); the gap itself when rank = n.
+
+    With ones_in_null, M is first projected onto 1⊥ (`project_out_ones`). Where rank is all of
+    the smaller side, the Gram on that side (same non-zero spectrum) goes through
+    `_full_rank_gaps`; otherwise the float64 singular values of M. Non-finite M gives NaN.
+    Chunked to MAX_GRAM_ENTRIES.
     """
+    out = []
+    step = max(1, MAX_GRAM_ENTRIES // max(M.shape[1] * M.shape[2], M.shape[1] ** 2, 1))
+    bordered = ones_in_null and M.shape[1] == M.shape[2] == rank + 1
+    for chunk in M.split(step):
+        if bordered:
+            out.append(_centred_square_gaps(chunk))
+            continue
+        if ones_in_null:
+            chunk = project_out_ones(chunk)
+        m, c = chunk.shape[1:]
+        if rank >= min(m, c):
+            out.append(_full_rank_gaps(chunk if m <= c else chunk.mT))
+        else:
+            finite = torch.isfinite(chunk).flatten(1).all(dim=1)
+            safe = torch.where(finite[:, None, None], chunk, 0.0)
+            out.append(torch.where(finite, _svd_gaps(safe, rank), math.nan))
+    return torch.cat(out)
+
+
+def isometry_gaps(H: Tensor, structure: Structure | None = None) -> Tensor:
+    """Gaps of the sample Grams G = H Hᵀ of a stack H (B, n, d) → (B,) float64 (n × n Grams over
+    samples; Joudaki et al. 2023, Sec. 3). +∞ when the structure (default: nothing forced but
+    rank ≤ min(n, d)) leaves rank < n; NaN for a non-finite H."""
     n, d = H.shape[1:]
-    return _batched_gaps([_Job(H, singular_tol(n, d, H.dtype))])[0]
+    s = structure or Structure(False, min(n, d))
+    if s.rank < n:
+        finite = torch.isfinite(H).flatten(1).all(dim=1)
+        return torch.where(finite, math.inf, math.nan).to(F64)
+    return range_gaps(H, n)
 
 
-def isometry_gap(H: Tensor) -> float:
+def isometry_gap(H: Tensor, structure: Structure | None = None) -> float:
     """gap(H Hᵀ) of one (n, d) representation."""
-    return float(isometry_gaps(H.unsqueeze(0))[0])
-
-
-def _weight_job(W: Tensor) -> _Job:
-    """The Gram on W's smaller side: W Wᵀ (out ≤ in) or Wᵀ W (out > in) — the same non-zero
-    spectrum, and exactly I for a semi-orthogonal W, so an orthogonal init reads 0 also for the
-    first layer (in ≠ width) and the head."""
-    out, inp = W.shape[-2:]
-    M = W if out <= inp else W.mT
-    return _Job(M, singular_tol(out, inp, W.dtype))
+    return float(isometry_gaps(H.unsqueeze(0), structure)[0])
 
 
 def weight_isometry_gaps(W: Tensor) -> Tensor:
-    """Weight isometry gaps gap(W Wᵀ) (SCIENCE.md; Meterez et al. 2024, Sec. 6) of a stack of
-    equal-shape weights W: (B, out, in) → (B,), Gram on the smaller side (see `_weight_job`)."""
-    return _batched_gaps([_weight_job(W)])[0]
+    """Weight isometry gaps gap(W Wᵀ) (Meterez et al. 2024, Sec. 6) of a stack of equal-shape
+    weights W: (B, out, in) → (B,), with the Gram on the smaller side: W Wᵀ (out ≤ in) or Wᵀ W —
+    the same non-zero spectrum, and exactly I for a semi-orthogonal W, so an orthogonal init
+    reads 0 also for the first layer (in ≠ width) and the head."""
+    return range_gaps(W, min(W.shape[1:]))
 
 
 def weight_isometry_gap(W: Tensor) -> float:
@@ -167,6 +374,16 @@ def cosine_gram(x: Tensor) -> np.ndarray:
     return (u @ u.T).cpu().numpy()
 
 
+def spectra(M: Tensor, size: int) -> Tensor:
+    """Eigenvalues of the Grams M Mᵀ (B, m, c) → (B, size) float64, descending, as squared
+    float64 singular values of M; zero-padded to m (an m > c Gram has m − c zero eigenvalues),
+    then NaN-padded to `size`."""
+    lam = torch.linalg.svdvals(M.to(F64)).square()
+    m = M.shape[1]
+    lam = F.pad(lam, (0, m - lam.shape[1]), value=0.0)
+    return F.pad(lam, (0, size - m), value=math.nan)
+
+
 def _unique(tensors: list[Tensor]) -> tuple[list[Tensor], list[int]]:
     """Distinct tensor objects and, per input, its index among them: σ = identity with α = 1
     returns its input itself, and a Gram measured once is enough."""
@@ -181,8 +398,56 @@ def _unique(tensors: list[Tensor]) -> tuple[list[Tensor], list[int]]:
     return uniq, where
 
 
+def _supports(H: Tensor) -> tuple[Tensor, Tensor]:
+    """Masks of the not-all-zero rows (B, n) and columns (B, d) of a stack H (B, n, d)."""
+    A = H.abs()  # (one pass of max over each side beats two passes of `!= 0` then `any`)
+    return A.amax(dim=2) > 0, A.amax(dim=1) > 0
+
+
+def _tap_gaps(H: Tensor, kinds: list[Structure]) -> tuple[Tensor, Tensor]:
+    """(gap, range gap) of each representation H[i] (n, d) of a stack H (B, n, d) with structure
+    kinds[i], float64.
+
+    Zero rows and columns are dropped first (they add only zero eigenvalues, which the structure
+    already counts); then one batched `range_gaps` per distinct (structure, shape)."""
+    n = H.shape[1]
+    gap = torch.empty(len(H), dtype=F64, device=H.device)
+    rng = torch.empty_like(gap)
+    rows, cols = _supports(H)
+    whole = (rows.all(dim=1) & cols.all(dim=1)).tolist()
+    groups: dict[tuple, list[int]] = {}
+    trimmed: dict[int, Tensor] = {}
+    for i, s in enumerate(kinds):
+        if not whole[i]:
+            trimmed[i] = H[i][rows[i]][:, cols[i]]
+        shape = tuple(trimmed[i].shape) if i in trimmed else tuple(H.shape[1:])
+        groups.setdefault((s, shape), []).append(i)
+    for (s, _), idx in groups.items():
+        where = torch.tensor(idx, device=gap.device)
+        M = torch.stack([trimmed[i] for i in idx]) if idx[0] in trimmed else H[where]
+        r = range_gaps(M, s.rank, ones_in_null=s.ones_in_null)
+        rng[where] = r
+        gap[where] = r if s.rank >= n else torch.where(torch.isnan(r), r, math.inf)
+    return gap, rng
+
+
+def _weight_stacks(W: list[Tensor]) -> list[Tensor]:
+    """Equal-shape groups in block order — W_1 (d × d_in), W_2..W_L (d × d), W_head (C × d) —
+    each turned to its smaller side (W Wᵀ and Wᵀ W share their non-zero spectrum)."""
+    L = len(W) - 1
+    groups = [W[g] for g in (slice(0, 1), slice(1, L), slice(L, L + 1)) if W[g]]
+    stacks = [torch.stack(g) for g in groups]
+    return [s if s.shape[1] <= s.shape[2] else s.mT for s in stacks]
+
+
 def probe_metrics(
-    spec: nn.Spec, params: nn.Params, state: nn.State, x: Tensor, y: Tensor
+    spec: nn.Spec,
+    params: nn.Params,
+    state: nn.State,
+    x: Tensor,
+    y: Tensor,
+    *,
+    spectra: bool = False,
 ) -> dict[str, np.ndarray | float]:
     """The per-layer metrics of the network on the probe batch x (n, d_in), y (n,).
 
@@ -192,9 +457,16 @@ def probe_metrics(
     updated, gradients come from `torch.autograd.grad` on detached copies of the weights (so no
     `.grad` changes), and no optimizer is involved.
 
-    Returns the record fields "isometry_gap/linear", "isometry_gap/norm" (absent for norm =
-    "none"), "isometry_gap/act", "weight_isometry_gap", "grad_norm" as float64 arrays (L,), index
-    0 ↔ block 1, and the floats "head_grad_norm", "head_weight_isometry_gap".
+    Returns the record fields "isometry_gap/<kind>" and "range_isometry_gap/<kind>" for kind in
+    linear, norm (absent for norm = "none"), act; "weight_isometry_gap", "grad_norm" — float64
+    arrays (L,), index 0 ↔ block 1 — and the floats "head_grad_norm", "head_weight_isometry_gap".
+    isometry_gap is +∞ where the network forces rank(H) < n (`structures`); range_isometry_gap
+    is the gap on the complement of that structural null space (equal elsewhere).
+
+    With spectra, also "spectrum/<kind>" (L, n) and "spectrum/weight" (L, min(out, in) of the
+    largest layer; NaN-padded for a first layer with fewer): every Gram's eigenvalues,
+    descending, unnormalized, as squared float64 singular values (the last n − d of an n > d
+    Gram are exact zeros).
     """
     L = spec.depth
     names = [f"W{ell}" for ell in range(1, L + 1)] + ["W_head"]
@@ -207,21 +479,46 @@ def probe_metrics(
     slot = {"linear": 0, "norm": 1, "act": 2}
     # Deduplicated before detaching (which makes new objects): an identity σ returns its input.
     uniq, where = _unique([t[slot[k]] for k in kinds for t in taps])  # kind-major, block-minor
-    H = torch.stack([t.detach() for t in uniq])
-    # Equal-shape groups, in block order: W_1 (d × d_in), W_2..W_L (d × d), W_head (C × d).
+    H = torch.stack([t.detach() for t in uniq])  # (U, n, d)
+    rows, cols = _supports(H)
+    counts = torch.stack([rows.sum(dim=1), cols.sum(dim=1)], dim=1).tolist()
+    forced = structures(
+        spec, p, x, taps, {id(t): tuple(c) for t, c in zip(uniq, counts, strict=True)}
+    )
+    kind_of = {w: forced[i % L][slot[kinds[i // L]]] for i, w in enumerate(where)}
+    gap, rng = _tap_gaps(H, [kind_of[j] for j in range(len(H))])
+    idx = torch.tensor(where, device=gap.device)
     W = [p[k].detach() for k in names]
+    wgap = torch.cat([weight_isometry_gaps(s) for s in _weight_stacks(W)]).cpu().numpy()
     groups = [slice(0, 1), slice(1, L), slice(L, L + 1)]  # the middle one is empty when L = 1
-    jobs = [_Job(H, singular_tol(*H.shape[1:], H.dtype))]
-    jobs += [_weight_job(torch.stack(W[g])) for g in groups if W[g]]
-    rep_gaps, *w_gaps = _batched_gaps(jobs)
-    rep = rep_gaps[torch.tensor(where, device=rep_gaps.device)].cpu().numpy()
-    wgap = torch.cat(w_gaps).cpu().numpy()  # (L + 1,): blocks 1..L, then the head
     gnorm = torch.cat([frobenius_norms(grads[g]) for g in groups if grads[g]]).cpu().numpy()
-    out: dict[str, np.ndarray | float] = {
-        f"isometry_gap/{k}": r for k, r in zip(kinds, rep.reshape(len(kinds), L), strict=True)
-    }
+    out: dict[str, np.ndarray | float] = {}
+    for name, values in (("isometry_gap", gap), ("range_isometry_gap", rng)):
+        per_kind = values[idx].cpu().numpy().reshape(len(kinds), L)
+        out.update({f"{name}/{k}": v for k, v in zip(kinds, per_kind, strict=True)})
     out["weight_isometry_gap"] = wgap[:L]
     out["grad_norm"] = gnorm[:L]
     out["head_grad_norm"] = float(gnorm[L])
     out["head_weight_isometry_gap"] = float(wgap[L])
+    if spectra:
+        out.update(_spectra(H, idx, kinds, W[:L]))
+    return out
+
+
+def _spectra(H: Tensor, idx: Tensor, kinds: list[str], W: list[Tensor]) -> dict:
+    """The "spectrum/*" record fields of `probe_metrics`."""
+    n = H.shape[1]
+    lam = torch.cat([spectra(c, n) for c in H.split(max(1, MAX_GRAM_ENTRIES // H[0].numel()))])
+    per_kind = lam[idx].cpu().numpy().reshape(len(kinds), len(W), n)
+    out = {f"spectrum/{k}": v for k, v in zip(kinds, per_kind, strict=True)}
+    size = max(min(w.shape) for w in W)
+    small = [w if w.shape[0] <= w.shape[1] else w.mT for w in W]
+    out["spectrum/weight"] = (
+        torch.cat(
+            [spectra(w.unsqueeze(0), size) for w in small[:1]]
+            + ([spectra(torch.stack(small[1:]), size)] if len(small) > 1 else [])
+        )
+        .cpu()
+        .numpy()
+    )
     return out

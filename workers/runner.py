@@ -2,12 +2,16 @@
 
     Runner(Store(url)).run_forever()     # what `isosweep runner` does
 
-Ray starts on the first claim (the cluster in RAY_ADDRESS, else a local instance) and stays up
-for the runner's life. SIGTERM or SIGINT stops the runner cleanly: trials stop, the records
-received are written, and the sweep goes back to the queue at once (`store.release_sweep`), its
-cut trials queued again, so that the next runner resumes it without waiting. A runner killed
-outright (SIGKILL) leaves the sweep running under its lease instead: the next runner claims and
-resumes it once that lease has expired, minus the records that were still in flight.
+The lease is held from the claim on: a heartbeat (workers.callbacks.Heartbeat, every lease/3)
+starts as soon as the sweep is claimed, so however long Ray takes to start no other runner takes
+the sweep over, and it stops the run (and every write) once the lease is lost. Ray starts on the
+first claim (the cluster in RAY_ADDRESS, else a local instance) and stays up for the runner's
+life. SIGTERM or SIGINT stops the runner cleanly: trials stop, the records received are written,
+and the sweep goes back to the queue at once (`store.release_sweep`), its cut trials queued again,
+so that the next runner resumes it without waiting. A runner killed outright (SIGKILL) leaves the
+sweep running under its lease instead: the next runner claims and resumes it once that lease has
+expired, minus the records that were still in flight (`isosweep serve`, which watches its runner,
+releases a dead runner's sweeps at once).
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from service.errors import StorageError
 from service.store import Store, SweepInfo
-from workers.callbacks import SweepProgress
+from workers.callbacks import Heartbeat, SweepControl, SweepProgress
 from workers.driver import init_ray, run_sweep
 
 log = logging.getLogger("isosweep.runner")
@@ -84,24 +89,34 @@ class Runner:
         """
         if self.stopping.is_set():
             return None
+        claimed_at = time.monotonic()  # before the claim: the lease never outlasts this clock
         sweep = self.store.claim_sweep(self.runner_id, self.lease_s, sweep_id=sweep_id)
         if sweep is None:
             return None
-        done = sum(n for s, n in sweep.counts.items() if s not in ("queued", "running"))
-        log.info(
-            "runner %s: running sweep %d (%s): %d trials, %d already finished",
-            self.runner_id, sweep.id, sweep.name, sweep.n_trials, done,
+        control = SweepControl(self.stopping)
+        with self.hold(sweep.id, control, since=claimed_at):  # Ray's start-up included
+            log.info(
+                "runner %s: running sweep %d (%s): %d trials, %d already finished",
+                self.runner_id, sweep.id, sweep.name, sweep.n_trials, sweep.trials_done,
+            )  # fmt: skip
+            self.start_ray()
+            return run_sweep(
+                self.store,
+                sweep.id,
+                runner_id=self.runner_id,
+                progress=self.progress,
+                ray_address=self.ray_address,
+                control=control,
+            )
+
+    def hold(self, sweep_id: int, control: SweepControl, *, since: float) -> Heartbeat:
+        """The heartbeat that holds a claimed sweep's lease (every lease_s / 3); `since`: the
+        monotonic time taken before the claim."""
+        interval = self.lease_s / 3
+        return Heartbeat(
+            self.store, sweep_id, self.runner_id, interval, control, lease_s=self.lease_s,
+            since=since,
         )  # fmt: skip
-        self.start_ray()
-        return run_sweep(
-            self.store,
-            sweep.id,
-            runner_id=self.runner_id,
-            progress=self.progress,
-            ray_address=self.ray_address,
-            lease_s=self.lease_s,
-            stop=self.stopping,
-        )
 
     def run_forever(self, *, until_idle: bool = False) -> None:
         """Claim and run sweeps until stopped (SIGTERM/SIGINT, or `stop()`); with `until_idle`,

@@ -6,7 +6,8 @@
 `fit` is a plain generator: no Ray, no database. The record is specified in
 docs/architecture.md ("The epoch record"). Everything random derives from `config.seed` through
 separate streams (init, probe batch, shuffling, subset), so that measuring — or how often — never
-changes what is trained.
+changes what is trained. Same config, seed, device and torch thread count give bit-identical
+records (`fit(threads=…)`; reductions split over threads round differently).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from torch import Tensor
 from service.config import TrialConfig, parse_trial_config
 from service.errors import InvalidInput
 from workers import nn
-from workers.data import Dataset, load_dataset, subset
+from workers.data import Dataset, load_dataset, normalize_inputs, subset
+from workers.jacobian import jacobian_singular_values
 from workers.metrics import cosine_gram, probe_metrics
 
 STREAMS = {"init": 0, "probe": 1, "shuffle": 2, "subset": 3}
@@ -42,10 +44,29 @@ def generator(seed: int, stream: str) -> torch.Generator:
 
 @dataclass
 class EpochStats:
-    loss: float  # mean cross-entropy over the epoch's minibatches (non-finite if diverged)
+    loss: float  # mean cross-entropy over the minibatches seen (non-finite if one's loss was)
     acc: float
     time_s: float
-    diverged: bool = False
+    diverged: bool = False  # a minibatch's loss, or the parameters after the last step, non-finite
+
+
+def flat_state(state: nn.State) -> tuple[Tensor, nn.State]:
+    """The running statistics as views into one flat buffer, so that a snapshot before a step is
+    one copy (`buffer.clone()`) and restoring it one `copy_`. Values are unchanged."""
+    if not state:
+        return torch.empty(0), {}
+    buffer = torch.cat([v.reshape(-1) for v in state.values()])
+    views: nn.State = {}
+    start = 0
+    for k, v in state.items():
+        views[k] = buffer[start : start + v.numel()].view(v.shape)
+        start += v.numel()
+    return buffer, views
+
+
+def all_finite(tensors: list[Tensor]) -> bool:
+    """Every entry of every tensor finite (one device sync)."""
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
 class Trial:
@@ -65,10 +86,16 @@ class Trial:
                 f"{c.dataset!r} (max_train_samples={c.max_train_samples})",
                 field="batch_size",
             )
+        dt = self.spec.dtype
+        X_train, X_test = (normalize_inputs(X.to(dt), c.input_norm) for X in data[::2])
+        data = Dataset(X_train, data.y_train, X_test, data.y_test)
         self.data = Dataset(*(t.to(self.device) for t in data))
-        params = nn.init_params(self.spec, c.init, c.init_gain, generator(c.seed, "init"))
+        params = nn.init_params_of(self.spec, c, generator(c.seed, "init"))
         self.params = {k: v.to(self.device).requires_grad_() for k, v in params.items()}
-        self.state = nn.to_device(nn.init_state(self.spec), self.device)
+        self._state_buffer, self.state = flat_state(
+            nn.to_device(nn.init_state(self.spec), self.device)
+        )
+        self.steps = 0  # optimizer steps taken; running statistics exist once it is > 0
         self.optimizer = make_optimizer(c, list(self.params.values()))
         n = len(data.X_train)
         probe = torch.randperm(n, generator=generator(c.seed, "probe"))[: c.batch_size]
@@ -81,7 +108,13 @@ class Trial:
     def train_epoch(self) -> EpochStats:
         """One pass over the training set in shuffled minibatches of `batch_size` (the short tail
         is dropped: every step sees exactly batch_size samples, which batch norm's theory needs).
-        Stops at the first minibatch whose loss is non-finite, before stepping on it."""
+
+        Stops at the first minibatch whose loss is non-finite, before stepping on it, and puts
+        back the running statistics its forward pass updated: the network is left as it was
+        after the last good step, weights and statistics alike. A step that breaks the network
+        shows in the next minibatch's loss or — for the epoch's last step — in `still_finite`
+        on that last minibatch; either marks the epoch diverged.
+        """
         X, y = self.data.X_train, self.data.y_train
         bs = self.config.batch_size
         perm = torch.randperm(len(X), generator=self.shuffle).to(self.device)
@@ -90,20 +123,31 @@ class Trial:
         start = time.perf_counter()
         for i in range(len(X) // bs):
             idx = perm[i * bs : (i + 1) * bs]
+            saved = self._state_buffer.clone()
             logits, _ = nn.forward(self.spec, self.params, self.state, X[idx], "train")
             loss = F.cross_entropy(logits, y[idx])
             losses.append(loss.item())  # the per-step divergence check needs the value anyway
             correct += (logits.argmax(dim=1) == y[idx]).sum()
             if not math.isfinite(losses[-1]):
+                self._state_buffer.copy_(saved)
                 break
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
+            self.steps += 1
         elapsed = time.perf_counter() - start
         mean = sum(losses) / len(losses)
-        return EpochStats(
-            mean, correct.item() / (len(losses) * bs), elapsed, not math.isfinite(mean)
-        )
+        diverged = not math.isfinite(mean) or not self.still_finite(X[idx], y[idx])
+        return EpochStats(mean, correct.item() / (len(losses) * bs), elapsed, diverged)
+
+    def still_finite(self, x: Tensor, y: Tensor) -> bool:
+        """After a step: parameters finite, and the loss on (x, y) with batch statistics (running
+        ones untouched) finite — what the next step's check would have seen."""
+        if not all_finite(list(self.params.values())):
+            return False
+        with torch.no_grad():
+            logits, _ = nn.forward(self.spec, self.params, self.state, x, "batch")
+            return math.isfinite(F.cross_entropy(logits, y).item())
 
     def evaluate(self, X: Tensor, y: Tensor, mode: nn.Mode) -> tuple[float, float]:
         """Mean cross-entropy and accuracy over (X, y), nothing updated.
@@ -136,12 +180,14 @@ class Trial:
         """The epoch record of docs/architecture.md: probe-batch metrics, test metrics, stats.
 
         Test metrics use BatchNorm's running statistics when eval_norm = "running" (torch's eval
-        mode) or each test batch's own when "batch". Beware (SCIENCE.md): deep BN networks in
-        eval mode can sit at chance on the test set while training accuracy is high — the
-        running statistics lag the weights. Both are recorded as what they are.
+        mode) or each test batch's own when "batch". Before the first step there are no running
+        statistics (torch's placeholders, mean 0 and variance 1, would make every norm the
+        identity: an unnormalized network), so epoch 0 uses each test batch's own under either
+        setting. Beware (docs/science.md): deep BN networks in eval mode can sit at chance on the
+        test set while training accuracy is high — the running statistics lag the weights. Both
+        are recorded as what they are.
         """
-        mode: nn.Mode = "running" if self.config.eval_norm == "running" else "batch"
-        test_loss, test_acc = self.evaluate(self.data.X_test, self.data.y_test, mode)
+        test_loss, test_acc = self.evaluate(self.data.X_test, self.data.y_test, self.test_mode())
         rec: dict[str, Any] = {
             "epoch": epoch,
             "diverged": stats.diverged,
@@ -151,10 +197,22 @@ class Trial:
             "test_acc": test_acc,
             "epoch_time_s": stats.time_s,
         }
-        rec.update(probe_metrics(self.spec, self.params, self.state, *self.probe))
+        spectra = self.config.spectra
+        rec.update(probe_metrics(self.spec, self.params, self.state, *self.probe, spectra=spectra))
+        if self.config.jacobian_samples:  # σ(∂h_L(x_i)/∂x_i), i < k (workers/jacobian.py)
+            rec["jacobian_singular_values"] = jacobian_singular_values(
+                self.spec, self.params, self.state, self.probe[0], self.config.jacobian_samples
+            )
         if epoch == 0:
             rec["input_gram"] = cosine_gram(self.probe[0])
+            x = self.probe[0].to(torch.float64)  # as the first Linear sees it (after input_norm)
+            rec["input_moments"] = (x.square().sum(dim=1) / x.shape[1]).cpu().numpy()
         return rec
+
+    def test_mode(self) -> nn.Mode:
+        """How test metrics normalize: eval_norm, except "batch" before any step (see record)."""
+        running = self.config.eval_norm == "running" and self.steps > 0
+        return "running" if running else "batch"
 
 
 def make_optimizer(config: TrialConfig, params: list[Tensor]) -> torch.optim.Optimizer:
@@ -170,10 +228,15 @@ def make_optimizer(config: TrialConfig, params: list[Tensor]) -> torch.optim.Opt
 
 
 def fit(
-    config: TrialConfig | dict[str, Any], *, device: str = "cpu", data_dir: Path | None = None
+    config: TrialConfig | dict[str, Any],
+    *,
+    device: str = "cpu",
+    data_dir: Path | None = None,
+    threads: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Train one trial, yielding its epoch records: epoch 0 (untrained), every `record_every`
-    epochs, and the last. A trial whose loss turns NaN/±inf yields that epoch's record with
+    epochs, and the last. A trial whose loss turns NaN/±inf — on a minibatch, or on the last
+    minibatch after the epoch's last step (`Trial.still_finite`) — yields that epoch's record with
     `diverged=True` (measured as it stands) and stops.
 
     Args:
@@ -181,6 +244,9 @@ def fit(
         device: "cpu" or a torch device such as "cuda"; everything, eigenvalues included, runs
             there (in float64 for the Grams).
         data_dir: root of the torchvision datasets; default Settings.data_dir.
+        threads: torch's intra-op thread count for this trial (process-wide, put back when the
+            generator finishes); None keeps the process's (the Ray trainable sets it to the
+            trial's CPUs). Records are bit-identical at equal thread counts only.
 
     Raises:
         InvalidInput: an invalid config, or a batch larger than the training set.
@@ -188,7 +254,21 @@ def fit(
     """
     if not isinstance(config, TrialConfig):
         config = parse_trial_config(dict(config))
-    trial = Trial(config, device=device, data_dir=data_dir)
+    if threads is not None and threads < 1:
+        raise InvalidInput(f"threads must be ≥ 1, not {threads}", field="threads")
+    if threads is None:
+        yield from _epochs(Trial(config, device=device, data_dir=data_dir))
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield from _epochs(Trial(config, device=device, data_dir=data_dir))
+    finally:
+        torch.set_num_threads(before)
+
+
+def _epochs(trial: Trial) -> Iterator[dict[str, Any]]:
+    config = trial.config
     recorded = set(config.recorded_epochs)
     stats = trial.initial_stats()
     yield trial.record(0, stats)

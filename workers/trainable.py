@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from service.config import LAYER_METRICS, METRICS, RECORD_KEYS
+from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SPECTRUM_KEYS
 
 PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
-RESULT_KEYS = frozenset({*RECORD_KEYS, *METRICS})  # what from_transport keeps of a Tune result
-ARRAY_KEYS = frozenset({*LAYER_METRICS, "input_gram"})
+# what from_transport keeps of a Tune result
+RESULT_KEYS = frozenset({*RECORD_KEYS, *METRICS, *SPECTRUM_KEYS})
+ARRAY_KEYS = frozenset({*LAYER_METRICS, "input_gram", "input_moments", *SPECTRUM_KEYS})
 DEVICE_KEY = "device"  # where the trial ran ("cpu", "cuda:0"); not stored, shown in progress
 TRIAL_KEY = "sweep_trial_id"  # Tune overwrites a result's "trial_id" with its own string id
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -26,20 +25,22 @@ from typing import Any
 from rich.markup import escape
 
 from api.cli.common import CommandError, err, out
-from api.cli.run import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED, format_eta
-from service.jsonfmt import NONFINITE
+from api.cli.display import SweepBar, format_eta, number, print_trials, styled, table
+from api.cli.run import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED
+from isosweep.client import (
+    DEFAULT_API_URL,
+    PREFIX,
+    ApiError,
+    SpecError,
+    auth_headers,
+    base_url,
+    spec_body,
+    unreachable,
+)
+from service.status import SweepStatus, TrialStatus, trials_finished
 
-DEFAULT_API_URL = "http://127.0.0.1:8000"
-PREFIX = "/api/v1"
-STATUS_STYLE = {
-    "queued": "dim", "running": "blue", "completed": "green", "diverged": "dark_orange",
-    "failed": "red", "cancelled": "yellow",
-}  # fmt: skip
 TABLE_ROWS = 50  # rows a table shows unless --limit says otherwise
 JSON_PAGE_ROWS = 10_000  # rows per request up to a --limit (the route's default JSON page)
-LEFT = frozenset({"name", "status", "trials", "activation", "norm", "order", "init", "dataset",
-                  "optimizer", "metric", "error"})  # fmt: skip
-
 
 # --- talking to the API -----------------------------------------------------------------------
 
@@ -51,10 +52,8 @@ class Api:
     def __init__(self, url: str | None, *, timeout: float = 60.0):
         import httpx
 
-        self.url = (url or os.environ.get("ISOSWEEP_API_URL") or DEFAULT_API_URL).rstrip("/")
-        self.url = self.url.removesuffix(PREFIX)  # either spelling of the base works
-        token = os.environ.get("ISOSWEEP_API_TOKEN") or None
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = base_url(url)  # shared with isosweep.Client, like the token's header
+        headers = auth_headers()
         self.client = httpx.Client(base_url=self.url + PREFIX, headers=headers, timeout=timeout)
 
     def __enter__(self) -> Api:
@@ -90,15 +89,9 @@ class Api:
 
         try:
             yield
-        except httpx.ConnectError as exc:
-            raise CommandError(
-                f"cannot connect to the isosweep API at {self.url} ({exc}); "
-                "is `isosweep serve` running there? Set --api-url or ISOSWEEP_API_URL"
-            ) from None
-        except httpx.TimeoutException:
-            raise CommandError(f"the API at {self.url} did not answer in time") from None
         except httpx.HTTPError as exc:
-            raise CommandError(f"talking to {self.url}: {exc}") from None
+            failure = unreachable(self.url, exc, where="--api-url or ISOSWEEP_API_URL")
+            raise CommandError(failure.message) from None
 
     def json(self, method: str, path: str, **kw: Any) -> Any:
         return self.request(method, path, **kw).json()
@@ -107,14 +100,7 @@ class Api:
 def error_message(r: Any) -> str:
     """The API's `{"error": {"type", "message", …}}` as one line (plain text: common.fail
     prints it as given)."""
-    try:
-        message = r.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = r.text.strip()[:300] or r.reason_phrase
-    hint = ""
-    if r.status_code == 401:
-        hint = " (set ISOSWEEP_API_TOKEN to the server's token)"
-    return f"{message} (HTTP {r.status_code}){hint}"
+    return str(ApiError.from_response(r))  # message (HTTP status), the token hint on a 401
 
 
 # --- the sub-commands -------------------------------------------------------------------------
@@ -188,7 +174,7 @@ def submit(args: argparse.Namespace) -> int:
     body, media = read_spec(args.spec, rerun=args.rerun)
     with Api(args.api_url, timeout=args.timeout) as api:
         sweep = api.json("POST", "/sweeps", content=body, headers={"Content-Type": media})
-        reused = sweep["counts"]["completed"] + sweep["counts"]["diverged"]
+        reused = sweep["counts"][TrialStatus.COMPLETED] + sweep["counts"][TrialStatus.DIVERGED]
         out.print(
             f"sweep [bold]{sweep['id']}[/] ({escape(sweep['name'])}): {sweep['n_trials']} trials"
             + (f", {reused} with stored results" if reused else "")
@@ -204,60 +190,26 @@ def submit(args: argparse.Namespace) -> int:
             )
             return EXIT_INTERRUPTED
     print_outcome(sweep)
-    return {"completed": EXIT_COMPLETED, "cancelled": EXIT_CANCELLED}.get(
+    return {SweepStatus.COMPLETED: EXIT_COMPLETED, SweepStatus.CANCELLED: EXIT_CANCELLED}.get(
         sweep["status"], EXIT_FAILED
     )
 
 
 def read_spec(path: Path, *, rerun: bool) -> tuple[bytes, str]:
     """The spec file's bytes and media type; with --rerun, the spec with `rerun: true`."""
-    import yaml
-
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise CommandError(f"{path} is not UTF-8 text") from None
-    media = "application/json" if path.suffix.lower() == ".json" else "application/yaml"
-    if not rerun:
-        return text.encode(), media
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CommandError(f"{path} is not YAML or JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CommandError(f"{path}: a sweep spec is a mapping (name, parameters, …)")
-    return json.dumps({**data, "rerun": True}, default=str).encode(), "application/json"
+        return spec_body(path, rerun=rerun)  # shared with isosweep.Client.submit
+    except SpecError as exc:
+        raise CommandError(exc.message) from None
 
 
 def wait(api: Api, sweep: dict[str, Any], *, poll_s: float) -> dict[str, Any]:
-    """Poll the sweep until it finishes, with a progress bar on stderr: trials done/total,
-    recorded epochs (as a share of those expected) and the server's ETA."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from service.store.sweeps import FINISHED_SWEEP  # here: it imports SQLAlchemy
-
-    columns = (
-        TextColumn(f"[bold]sweep {sweep['id']}"),
-        BarColumn(),
-        TextColumn("trials {task.fields[trials]}"),
-        TextColumn("epochs {task.fields[epochs]}"),
-        TextColumn("ETA {task.fields[eta]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task("", total=1.0, trials="…", epochs="…", eta="…")
+    """Poll the sweep until it finishes, with the sweep progress bar (api.cli.display) on
+    stderr: trials done/total, recorded epochs (as a share of those expected), the server's ETA."""
+    with SweepBar(sweep["id"]) as bar:
         while True:
-            done = sum(n for s, n in sweep["counts"].items() if s not in ("queued", "running"))
-            bar.update(
-                task,
-                completed=sweep["progress"],
-                trials=f"{done}/{sweep['n_trials']}",
-                epochs=f"{sweep['progress']:.0%}",
-                eta=format_eta(sweep["eta_s"]) if sweep["status"] == "running" else sweep["status"],
-            )
-            if sweep["status"] in FINISHED_SWEEP:
+            bar.show_sweep(sweep)
+            if SweepStatus(sweep["status"]).is_finished():
                 return sweep
             time.sleep(poll_s)
             sweep = api.json("GET", f"/sweeps/{sweep['id']}")
@@ -275,14 +227,14 @@ def status(args: argparse.Namespace) -> int:
             return print_json(sweep)
         trials = api.json("GET", f"/sweeps/{args.sweep}/trials", params={"limit": args.limit})
     print_sweep(sweep)
-    print_trials(sweep, trials)
+    print_trials_page(sweep, trials)
     return 0
 
 
 def cancel(args: argparse.Namespace) -> int:
     with Api(args.api_url, timeout=args.timeout) as api:
         sweep = api.json("POST", f"/sweeps/{args.sweep}/cancel")
-    if sweep["status"] == "running":
+    if sweep["status"] == SweepStatus.RUNNING:
         out.print(f"sweep {sweep['id']}: cancel requested; its running trials stop soon")
     else:
         out.print(f"sweep {sweep['id']}: {styled(sweep['status'])}")
@@ -375,33 +327,9 @@ def save_csv(args: argparse.Namespace, params: dict[str, Any]) -> int:
     return 0
 
 
-def number(value: Any) -> str:
-    """A cell: finite floats to 6 significant digits; the API's "NaN"/"Infinity" spellings
-    printed as Python writes the floats, nan / inf / -inf (values, highlighted)."""
-    if isinstance(value, str) and value in NONFINITE:
-        return f"[magenta]{NONFINITE[value]}[/]"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return "-" if value is None else escape(str(value))
-
-
-def styled(status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, '')}]{status}[/]"
-
-
 def print_json(data: Any) -> int:
     print(json.dumps(data, ensure_ascii=False, indent=2))
     return 0
-
-
-def table(title: str | None, columns: list[str]):
-    from rich import box
-    from rich.table import Table
-
-    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in columns:
-        t.add_column(name, justify="left" if name in LEFT else "right")
-    return t
 
 
 def print_sweeps(page: dict[str, Any]) -> int:
@@ -410,11 +338,11 @@ def print_sweeps(page: dict[str, Any]) -> int:
         return 0
     t = table(None, ["id", "name", "status", "done", "trials", "progress", "ETA", "created"])
     for s in page["data"]:
-        done = sum(n for k, n in s["counts"].items() if k not in ("queued", "running"))
+        done = trials_finished(s["counts"])
         t.add_row(
             str(s["id"]), escape(s["name"]), styled(s["status"]), f"{done}/{s['n_trials']}",
             counts_text(s["counts"]), f"{s['progress']:.0%}",
-            format_eta(s["eta_s"]) if s["status"] == "running" else "",
+            format_eta(s["eta_s"]) if s["status"] == SweepStatus.RUNNING else "",
             s["created_at"][:19].replace("T", " "),
         )  # fmt: skip
     out.print(t)
@@ -436,35 +364,21 @@ def print_outcome(s: dict[str, Any]) -> None:
 def print_sweep(s: dict[str, Any]) -> None:
     out.print(f"sweep [bold]{s['id']}[/] ({escape(s['name'])}): {styled(s['status'])}")
     out.print(f"  trials    {s['n_trials']}: {counts_text(s['counts'])}")
-    eta = f", ETA {format_eta(s['eta_s'])}" if s["status"] == "running" else ""
+    eta = f", ETA {format_eta(s['eta_s'])}" if s["status"] == SweepStatus.RUNNING else ""
     out.print(f"  progress  {s['progress']:.1%}{eta}")
     for key in ("created_at", "started_at", "finished_at"):
         if s[key]:
             out.print(f"  {key.removesuffix('_at'):<9} {s[key][:19].replace('T', ' ')} UTC")
-    if s["cancel_requested"] and s["status"] == "running":
+    if s["cancel_requested"] and s["status"] == SweepStatus.RUNNING:
         out.print("  [yellow]cancel requested[/]")
     if s["error"]:
         out.print(f"  [red]{escape(s['error'])}[/]")
 
 
-def print_trials(sweep: dict[str, Any], page: dict[str, Any]) -> None:
+def print_trials_page(sweep: dict[str, Any], page: dict[str, Any]) -> None:
     params = sweep["spec"].get("parameters", {})
     fields = [k for k, v in params.items() if isinstance(v, list)] + ["seed"]
-    metrics = ["train_loss", "test_loss", "test_acc"]
-    t = table(None, ["trial", *fields, "status", "epoch", *metrics, "diverged", "error"])
-    for tr in page["data"]:
-        epoch = "-" if tr["last_epoch"] is None else str(tr["last_epoch"])
-        t.add_row(
-            str(tr["id"]), *(escape(str(tr["config"].get(f))) for f in fields),
-            styled(tr["status"]) + ("*" if tr["results_from"] else ""),
-            f"{epoch}/{tr['config']['epochs']}",
-            *(number(tr["summary"].get(m)) for m in metrics),
-            "" if tr["diverged_epoch"] is None else str(tr["diverged_epoch"]),
-            escape((tr["error"] or "")[:60]),
-        )  # fmt: skip
-    out.print(t)
-    if page["count"] > len(page["data"]):
-        out.print(f"… and {page['count'] - len(page['data'])} more trials (--limit)")
+    print_trials(page["data"], fields, total=page["count"])
 
 
 def print_rows(page: dict[str, Any]) -> None:

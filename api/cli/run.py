@@ -1,7 +1,11 @@
 """`isosweep run SPEC.yaml`: one sweep in the foreground with a progress bar; `isosweep runner`:
-the loop that runs queued sweeps (what `isosweep serve` starts beside the API).
+the loop that runs queued sweeps (what `isosweep serve` starts, and restarts, beside the API).
 
-Both import Ray and the engine only when they run, never when the CLI starts.
+Both drive sweeps through workers.runner.Runner: a claim holds the sweep under a lease that a
+heartbeat extends from the claim on (Ray's start-up included), so no other runner runs it
+meanwhile; SIGTERM/SIGINT stop the trials and put the sweep back in the queue. `run` claims only
+the sweep it stored, and follows it from the store while another runner drives it. Both import
+Ray and the engine only when they run, never when the CLI starts.
 """
 
 from __future__ import annotations
@@ -11,9 +15,17 @@ import logging
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from rich.markup import escape
 
 from api.cli.common import err, out
+from api.cli.display import SweepBar, format_eta, print_trials, styled
+from service.status import SweepStatus
+
+if TYPE_CHECKING:
+    from service.store import Store, SweepInfo
+    from workers.callbacks import SweepProgress
 
 # Exit codes of `isosweep run`.
 EXIT_COMPLETED, EXIT_FAILED, EXIT_CANCELLED, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -76,11 +88,11 @@ def add_database_url(p: argparse.ArgumentParser) -> None:
     p.add_argument("--database-url", help="SQLAlchemy URL (default ISOSWEEP_DATABASE_URL)")
 
 
-def open_store(database_url: str | None):
+def open_store(database_url: str | None) -> Store:
     from service.settings import Settings
     from service.store import Store
 
-    settings = Settings(**({"database_url": database_url} if database_url else {}))
+    settings = Settings(database_url=database_url) if database_url else Settings()
     return Store(settings.database_url, settings=settings)
 
 
@@ -136,7 +148,7 @@ def run_spec(args: argparse.Namespace) -> int:
         configure_logging()
         sweep = store.create_sweep(spec)
         out.print(f"sweep [bold]{sweep.id}[/] ({sweep.name}): {sweep.n_trials} trials")
-        if sweep.status == "queued":
+        if sweep.status == SweepStatus.QUEUED:
             sweep = drive(store, sweep.id, lease_s=args.lease_s, quiet=args.quiet)
         print_summary(store, sweep)
         return exit_code(sweep)
@@ -163,7 +175,7 @@ def drive(store, sweep_id: int, *, lease_s: float | None, quiet: bool):
             while not runner.stopping.is_set():
                 if runner.run_once(sweep_id) is None:  # finished, or another runner drives it
                     info = store.get_sweep(sweep_id)
-                    if info.status not in ("queued", "running"):
+                    if SweepStatus(info.status).is_finished():
                         return info
                     bar.follow(info)  # follow it from the store
                     runner.stopping.wait(FOLLOW_S)
@@ -173,73 +185,40 @@ def drive(store, sweep_id: int, *, lease_s: float | None, quiet: bool):
 
 
 class Bar:
-    """A rich progress bar on stderr: trials done/total, epochs recorded/expected, ETA.
-
-    Updated from one thread (the driver's callbacks and the follow loop run in drive's); rich's
-    Progress locks its own state against its refresh thread.
-    """
+    """The sweep's progress bar (api.cli.display.SweepBar), fed by the driver's SweepProgress
+    while this process drives the sweep, and from the store while another runner does."""
 
     def __init__(self, sweep_id: int, *, quiet: bool):
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(
-            TextColumn("[bold]sweep {task.fields[sweep]}"),
-            BarColumn(),
-            TextColumn("trials {task.fields[trials]}"),
-            TextColumn("epochs {task.fields[epochs]}"),
-            TextColumn("ETA {task.fields[eta]}"),
-            TimeElapsedColumn(),
-            console=err,
-            disable=quiet,
-        )
-        self.task = self.progress.add_task(
-            "", total=None, sweep=sweep_id, trials="…", epochs="…", eta="…"
-        )
+        self.bar = SweepBar(sweep_id, quiet=quiet)
 
     def __enter__(self) -> Bar:
-        self.progress.start()
+        self.bar.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        self.bar.__exit__(*exc)
 
-    def update(self, p: Any) -> None:
+    def update(self, p: SweepProgress) -> None:
         """From the driver: a SweepProgress (epochs count this run's trials only)."""
-        self.progress.update(
-            self.task,
+        self.bar.show(
+            done=p.epochs_done,
             total=max(p.epochs_total, 1),
-            completed=p.epochs_done,
             trials=f"{p.trials_done}/{p.trials_total}",
             epochs=f"{p.epochs_done}/{p.epochs_total}",
             eta=format_eta(p.eta_s),
         )
 
-    def follow(self, info: Any) -> None:
+    def follow(self, info: SweepInfo) -> None:
         """From the store, while another runner drives the sweep."""
-        done = sum(n for s, n in info.counts.items() if s not in ("queued", "running"))
-        self.progress.update(
-            self.task,
-            total=1.0,
-            completed=info.progress,
-            trials=f"{done}/{info.n_trials}",
-            epochs=f"{info.progress:.0%}",
-            eta=format_eta(info.eta_s) + f" (runner {info.runner_id})",
-        )
-
-
-def format_eta(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "-:--:--"
-    s = round(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+        self.bar.show_sweep(info.model_dump(), note=f" (runner {info.runner_id})")
 
 
 def exit_code(sweep) -> int:
-    if sweep.status == "completed":
+    if sweep.status == SweepStatus.COMPLETED:
         return EXIT_COMPLETED
-    if sweep.status == "cancelled":
+    if sweep.status == SweepStatus.CANCELLED:
         return EXIT_CANCELLED
-    if sweep.status == "failed":
+    if sweep.status == SweepStatus.FAILED:
         return EXIT_FAILED
     err.print(
         f"sweep {sweep.id} is still {sweep.status}: the next runner resumes it (or cancel it)"
@@ -248,41 +227,18 @@ def exit_code(sweep) -> int:
 
 
 def print_summary(store, sweep) -> None:
-    """The sweep's outcome, and a table of its first trials: swept fields, status, last
-    epoch's losses and accuracies (NaN/inf shown as such)."""
-    from rich import box
-    from rich.table import Table
-
+    """The sweep's outcome, and the trial table (api.cli.display) of its first trials."""
     from service.spec import SweepSpec, swept_fields
 
     fields = swept_fields(SweepSpec.model_validate(sweep.spec))
     trials, total = store.list_trials(sweep.id, limit=SUMMARY_ROWS)
-    retried = any(t.attempts > 1 for t in trials)
-    table = Table(title=f"sweep {sweep.id} ({sweep.name})", box=box.SIMPLE_HEAD, pad_edge=False)
-    columns = ["trial", *fields, "status", *(["tries"] if retried else []), "epoch"]
-    for name in [*columns, "train_loss", "test_acc"]:
-        left = name in ("status", "init", "activation", "norm", "order", "dataset", "optimizer")
-        table.add_column(name, justify="left" if left else "right", no_wrap=True)
-    for t in trials:
-        table.add_row(
-            str(t.id),
-            *(str(t.config.get(f)) for f in fields),
-            t.status + ("*" if t.results_from is not None else ""),
-            *([str(t.attempts)] if retried else []),
-            "-" if t.last_epoch is None else f"{t.last_epoch}/{t.config['epochs']}",
-            fmt(t.summary.get("train_loss")),
-            fmt(t.summary.get("test_acc")),
-        )
-    out.print(table)
-    if any(t.results_from is not None for t in trials):
-        out.print("* results reused from an identical trial stored before (--rerun to run it)")
-    if total > len(trials):
-        out.print(f"… and {total - len(trials)} more trials (isosweep status {sweep.id})")
-    counts = ", ".join(f"{n} {s}" for s, n in sweep.counts.items() if n)
-    style = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(sweep.status, "")
-    line = f"sweep {sweep.id}: [bold {style}]{sweep.status}[/] ({counts})"
-    out.print(line + (f" — {sweep.error}" if sweep.error else ""))
-
-
-def fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+    print_trials(
+        [t.model_dump() for t in trials],
+        fields,
+        total=total,
+        title=f"sweep {sweep.id} ({sweep.name})",
+        more=f"isosweep status {sweep.id}",
+    )
+    counts = ", ".join(f"{n} {styled(s)}" for s, n in sweep.counts.items() if n)
+    line = f"sweep {sweep.id}: [bold]{styled(sweep.status)}[/] ({counts})"
+    out.print(line + (f" — {escape(sweep.error)}" if sweep.error else ""))

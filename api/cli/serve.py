@@ -1,30 +1,30 @@
 """`isosweep serve`: the API and a runner together, on the embedded default (SQLite, local Ray).
 
 The API runs here (uvicorn, bound to 127.0.0.1 unless told otherwise) and never imports torch or
-Ray; the runner is a child process (`isosweep runner`, the database URL in its environment as
-ISOSWEEP_DATABASE_URL, not in its argv where `ps` shows it) that claims queued sweeps and drives
-Ray Tune. Stopping serve (Ctrl-C, SIGTERM) stops the runner: SIGTERM, then
-SIGKILL after RUNNER_GRACE_S.
+Ray. Beyond loopback it needs a token (ISOSWEEP_API_TOKEN), unless told that it may serve open
+(ISOSWEEP_ALLOW_OPEN, --allow-open). The runner is a supervised child process (`isosweep
+runner`, the database URL in its environment as ISOSWEEP_DATABASE_URL, not in its argv where
+`ps` shows it; api/cli/supervise.py) that claims queued sweeps and drives Ray Tune: restarted
+with back-off when it dies, its state in /api/v1/healthz (not ok while it is down). Stopping
+serve (Ctrl-C, SIGTERM) stops the runner: SIGTERM, SIGKILL after RUNNER_GRACE_S, then every
+process left in its session (Ray's).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import ipaddress
 import signal
 import socket
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 from rich.markup import escape
 
-from api.cli.common import CommandError, err, out
+from api.cli.common import CommandError, out
 from api.cli.run import shown_url
+from api.cli.supervise import RunnerSupervisor
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
-RUNNER_GRACE_S = 20.0  # the runner's time to stop its trials before it is killed
 
 
 def register(subparsers) -> None:
@@ -33,14 +33,23 @@ def register(subparsers) -> None:
         help="run the API (and dashboard) with a runner beside it",
         description=(
             "Serve the REST API, its docs (/docs) and the dashboard (/), and start a runner "
-            "(`isosweep runner`) as a child process that runs queued sweeps on Ray. Migrates the "
-            "database first. Defaults come from ISOSWEEP_* variables (host 127.0.0.1)."
+            "(`isosweep runner`) as a child process that runs queued sweeps on Ray, restarted "
+            "with back-off if it dies (its state in /api/v1/healthz). Migrates the database "
+            "first. Defaults come from ISOSWEEP_* variables (host 127.0.0.1); beyond loopback "
+            "it needs ISOSWEEP_API_TOKEN, or --allow-open."
         ),
     )
     p.add_argument("--host", help="address to bind (default ISOSWEEP_HOST, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default ISOSWEEP_PORT, 8000)")
     p.add_argument("--database-url", help="SQLAlchemy URL (default ISOSWEEP_DATABASE_URL)")
     p.add_argument("--no-runner", action="store_true", help="serve the API only")
+    p.add_argument(
+        "--allow-open",
+        action="store_true",
+        default=None,
+        help="serve beyond loopback without a token (ISOSWEEP_ALLOW_OPEN); anyone who reaches "
+        "the address can then submit and cancel sweeps",
+    )
     p.add_argument("--demo", action="store_true", help=f"submit {DEMO_SPEC.name} unless present")
     p.set_defaults(func=run_serve)
 
@@ -50,8 +59,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from service.settings import Settings
     from service.store import Store
 
-    given = {"host": args.host, "port": args.port, "database_url": args.database_url}
+    given = {
+        "host": args.host,
+        "port": args.port,
+        "database_url": args.database_url,
+        "allow_open": args.allow_open,
+    }
     settings = Settings(**{k: v for k, v in given.items() if v is not None})
+    check_open(settings)
     check_port_free(settings.host, settings.port)
     store = Store(settings.database_url, settings=settings)  # migrates before anything runs
     runner = None
@@ -60,18 +75,18 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.demo:
             submit_demo(store)
         if not args.no_runner:
-            runner = start_runner(settings.database_url)
+            runner = RunnerSupervisor(settings.database_url, store=store).start()
         announce(settings, runner)
-        serve_api(settings, store=store)
+        serve_api(settings, store=store, runner=runner)
     except KeyboardInterrupt:
         pass  # SIGINT or SIGTERM, after uvicorn has shut down gracefully
     finally:
-        # A second signal (Ctrl-C twice, `timeout` signalling the whole group) must not cut
-        # the cleanup short and orphan the runner: stop_runner has its own deadline.
+        # A second signal (Ctrl-C twice) must not cut the cleanup short and orphan the runner
+        # (in a session of its own, it gets no terminal signal): runner.stop() has a deadline.
         quiet = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             if runner is not None:
-                stop_runner(runner)
+                runner.stop()
             store.close()
         finally:
             signal.signal(signal.SIGINT, quiet[signal.SIGINT])
@@ -81,6 +96,28 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback name or address (0.0.0.0, ::, other names: not)."""
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_open(settings) -> None:
+    """Refuse to serve beyond loopback with no token, unless allow_open says it is meant."""
+    if is_loopback(settings.host) or settings.api_token or settings.allow_open:
+        return
+    raise CommandError(
+        f"refusing to serve {settings.host} without a token: anyone who reaches it could "
+        "submit and cancel sweeps. Set ISOSWEEP_API_TOKEN (e.g. "
+        "export ISOSWEEP_API_TOKEN=$(openssl rand -hex 32)), serve on 127.0.0.1, or, to serve "
+        "open on purpose, pass --allow-open (ISOSWEEP_ALLOW_OPEN=1)"
+    )
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -119,34 +156,7 @@ def all_sweeps(store) -> list:
             return found
 
 
-def start_runner(database_url: str) -> subprocess.Popen:
-    """`isosweep runner` as a child process; a thread reports it if it stops on its own. The
-    URL (it may hold a password) goes in the child's environment, not its command line."""
-    cmd = [sys.executable, "-m", "api.cli.main", "runner"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "ISOSWEEP_DATABASE_URL": database_url})
-    threading.Thread(target=_watch, args=(proc,), name="runner-watch", daemon=True).start()
-    return proc
-
-
-def _watch(proc: subprocess.Popen) -> None:
-    code = proc.wait()
-    if code != 0 and not getattr(proc, "stopping", False):
-        err.print(f"[bold red]the runner exited with code {code}[/]; the API keeps serving")
-
-
-def stop_runner(proc: subprocess.Popen, grace_s: float = RUNNER_GRACE_S) -> int:
-    """SIGTERM, then SIGKILL if it is still alive after `grace_s`; returns its exit code."""
-    proc.stopping = True  # type: ignore[attr-defined]  # quiets _watch
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            return proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    return proc.wait()
-
-
-def announce(settings, runner: subprocess.Popen | None) -> None:
+def announce(settings, runner: RunnerSupervisor | None) -> None:
     from rich.panel import Panel
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
@@ -156,6 +166,13 @@ def announce(settings, runner: subprocess.Popen | None) -> None:
         f"dashboard  [bold]{base}/[/]",
         f"API docs   {base}/docs",
         f"database   {escape(shown_url(settings.database_url))}",
-        f"runner     {'pid ' + str(runner.pid) if runner else 'not started (--no-runner)'}",
+        f"runner     {runner_line(runner)}",
     ]
     out.print(Panel("\n".join(lines), title="isosweep is serving", expand=False))
+
+
+def runner_line(runner: RunnerSupervisor | None) -> str:
+    if runner is None:
+        return "not started (--no-runner)"
+    status = runner.status()
+    return f"pid {status['pid']}, restarted when it dies (state in /api/v1/healthz)"

@@ -30,6 +30,13 @@ def register(subparsers) -> None:
         help="override one config field (repeatable), e.g. --set depth=50",
     )
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (default: 1, as a sweep trial with resources.cpu = 1 runs); "
+        "records are bit-identical at equal thread counts",
+    )
     p.add_argument("--data-dir", type=Path, help="torchvision datasets root (ISOSWEEP_DATA_DIR)")
     p.set_defaults(func=run_trial)
 
@@ -63,7 +70,8 @@ def run_trial(args: argparse.Namespace) -> int:
     from workers.train import fit  # torch is imported here, not when the CLI starts
 
     try:
-        for record in fit(config, device=args.device, data_dir=args.data_dir):
+        records = fit(config, device=args.device, data_dir=args.data_dir, threads=args.threads)
+        for record in records:
             sys.stdout.write(dumps(record) + "\n")
             sys.stdout.flush()
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as Unix tools do

@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from api.dashboard import views as v
-from api.errors import status_of
+from api.errors import printable, status_of
 from api.routes.deps import INT32_MAX
 from service import __version__
 from service.config import METRICS, SCALAR_METRICS
@@ -75,7 +75,8 @@ def shown(page: Callable[..., HTMLResponse]) -> Callable[..., HTMLResponse]:
             return page(*args, **kwargs)
         except IsosweepError as exc:
             code = status_of(exc)
-            return render("error.html", code, code=code, message=exc.message, title=str(code))
+            message = printable(exc.message)
+            return render("error.html", code, code=code, message=message, title=str(code))
 
     return wrapper
 
@@ -88,8 +89,13 @@ def query_of(request: Request) -> dict[str, list[str]]:
 
 
 def parse_id(text: str, what: str) -> int:
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= INT32_MAX:
-        raise NotFound(f"no {what} with id {text!r}")
+    if (
+        not text.isascii()
+        or not text.isdigit()
+        or len(text) > 10
+        or not 1 <= int(text) <= INT32_MAX
+    ):
+        raise NotFound(f"no {what} with id {text[:20]!r}")
     return int(text)
 
 
@@ -169,7 +175,9 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
         downloads=downloads(
             sweep.id, table.where, plot.get("metric"), store.settings.max_page_size
         ),
-        token_required=bool(request.app.state.settings.api_token),
+        # Logged in (the cookie) or reads need the token anyway: no second ask to cancel.
+        token_required=bool(request.app.state.settings.api_token)
+        and not getattr(request.state, "authorized", False),
         active=sweep.status in v.ACTIVE,
         counts=v.counts_text,
         done=v.trials_done,

@@ -16,6 +16,7 @@ from markupsafe import Markup, escape
 from service.config import CONFIG_FIELDS, METRICS
 from service.errors import InvalidInput
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
+from service.plots.defaults import default_metric
 from service.spec import SweepSpec
 from service.store.models import TRIAL_STATUSES
 
@@ -179,8 +180,9 @@ def table_query(query: Mapping[str, list[str]], axis_names: list[str]) -> TableQ
 
 def page_number(query: Mapping[str, list[str]]) -> int:
     text = param(query, "page") or "1"
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= 10**6:
-        raise InvalidInput(f"a page number 1, 2, …, got {text!r}", field="page")
+    # The length first: int() of over 4300 digits raises ValueError, not a bounds check.
+    if not text.isascii() or not text.isdigit() or len(text) > 7 or not 1 <= int(text) <= 10**6:
+        raise InvalidInput(f"a page number 1, 2, …, got {text[:20]!r}", field="page")
     return int(text)
 
 
@@ -243,21 +245,20 @@ def default_plot(kind: str | None, swept: Mapping[str, list[Any]], spec: Mapping
         kind = "depth_scaling" if "depth" in names else "layer_profile"
     choice: dict[str, Any] = {"kind": kind}
     if kind == "depth_scaling":
-        choice |= {"metric": "grad_norm", "layer": 1}
+        choice |= {"metric": default_metric(kind, spec), "layer": 1}
         numeric = [a for a in names if all(_is_number(v) for v in swept[a])]
         x = "depth" if "depth" in names or not numeric else numeric[0]
         choice |= {"x": x} if x != "depth" else {}
         others = [a for a in names if a != x]
         choice |= {"group_by": others[0]} if others else {}
     elif kind == "layer_profile":
-        choice["metric"] = "isometry_gap/act"
+        choice["metric"] = default_metric(kind, spec)
     elif kind == "heatmap":  # a cell holds one configuration: the axes take the swept fields
-        choice["metric"] = "isometry_gap/act"
+        choice["metric"] = default_metric(kind, spec)
         if names:
             choice |= {"x": names[0], "group_by": names[1] if len(names) > 1 else "layer"}
     elif kind == "theory_overlay":
-        no_norm = fixed(spec).get("norm") == "none"
-        choice["metric"] = "isometry_gap/act" if no_norm else "isometry_gap/norm"
+        choice["metric"] = default_metric(kind, spec)  # the REST route's default too
     return choice
 
 

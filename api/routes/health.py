@@ -1,8 +1,12 @@
-"""`GET /healthz`: liveness, whether the database answers, and where Ray stands.
+"""`GET /healthz`: liveness, whether the database answers, where Ray stands, and whether the
+runner that `isosweep serve` supervises is alive.
 
 The API process never imports Ray: Ray's reachability is a TCP connect to RAY_ADDRESS when one
 is set (the runner then joins that cluster), and otherwise unknown (the runner starts a local
-Ray of its own). Runners show through the sweeps they hold.
+Ray of its own). Runners show through the sweeps they hold. Under `isosweep serve` the status is
+"degraded" (HTTP 503) while its runner is dead or being restarted (app.state.runner: the
+supervisor, api/cli/supervise.py); an API served alone (`--no-runner`, `create_app()`) reports
+no runner.
 """
 
 from __future__ import annotations
@@ -12,13 +16,20 @@ import socket
 import time
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from api.routes.deps import StoreDep
-from api.schemas import DatabaseHealth, HealthPublic, NonFiniteJSONResponse, RayHealth
+from api.schemas import (
+    DatabaseHealth,
+    HealthPublic,
+    NonFiniteJSONResponse,
+    RayHealth,
+    RunnerHealth,
+)
 from service import __version__
 from service.errors import IsosweepError
+from service.status import SweepStatus
 
 router = APIRouter(tags=["health"])
 
@@ -32,25 +43,40 @@ _probe: dict[str, tuple[float, bool]] = {}
 @router.get(
     "/healthz",
     response_model=HealthPublic,
-    responses={503: {"model": HealthPublic, "description": "the database does not answer"}},
+    responses={
+        503: {
+            "model": HealthPublic,
+            "description": "the database does not answer, or serve's runner is down",
+        }
+    },
 )
-def read_health(store: StoreDep) -> Response:
-    """Liveness: the database answers a query; Ray's address and the runners holding sweeps."""
+def read_health(store: StoreDep, request: Request) -> Response:
+    """Liveness: the database answers a query; Ray's address and the runners holding sweeps;
+    the state of the runner `isosweep serve` supervises."""
     running: list = []
     total = 0
     try:
         limit = min(RUNNERS_LISTED, store.settings.max_page_size)
-        running, total = store.list_sweeps(status="running", limit=limit)
+        running, total = store.list_sweeps(status=SweepStatus.RUNNING, limit=limit)
         db = DatabaseHealth(ok=True, backend=store.dialect)
     except IsosweepError as exc:
         db = DatabaseHealth(ok=False, backend=store.dialect, error=exc.message)
+    runner = runner_health(request)
+    ok = db.ok and (runner is None or runner.ok)
     health = HealthPublic(
-        status="ok" if db.ok else "degraded",
+        status="ok" if ok else "degraded",
         version=__version__,
         database=db,
         ray=ray_health(running, total),
+        runner=runner,
     )
-    return NonFiniteJSONResponse(health.model_dump(mode="json"), status_code=200 if db.ok else 503)
+    return NonFiniteJSONResponse(health.model_dump(mode="json"), status_code=200 if ok else 503)
+
+
+def runner_health(request: Request) -> RunnerHealth | None:
+    """The supervised runner's state, or None when the API runs without one."""
+    supervisor = getattr(request.app.state, "runner", None)
+    return None if supervisor is None else RunnerHealth(**supervisor.status())
 
 
 def ray_health(running: list, total: int) -> RayHealth:

@@ -1,18 +1,24 @@
 """`GET /sweeps/{id}/metrics`: the tidy frame of a sweep, filtered, optionally pooled over seeds,
 as JSON rows (paged), streamed CSV or Parquet. Every answer is bounded: the store refuses a
-query over ISOSWEEP_MAX_POINTS values, and a JSON page holds at most MAX_JSON_ROWS rows."""
+query over ISOSWEEP_MAX_POINTS values, and a JSON page holds at most MAX_JSON_ROWS rows. Reading
+the frame, and encoding (or streaming) one over LIGHT_ROWS rows, is a heavy read: within
+ISOSWEEP_MAX_HEAVY_READS for the whole process, off the event loop (api/limits.py)."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+import pandas as pd
+from fastapi import APIRouter, Depends, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
+from api.cache import sweep_version
 from api.errors import ERROR_RESPONSES
-from api.routes.cache import sweep_version
+from api.limits import BUSY_RESPONSES, LIGHT_ROWS, HeavyReads, get_heavy_reads
 from api.routes.deps import (
     INT32_MAX,
     CacheDep,
@@ -25,8 +31,8 @@ from api.routes.deps import (
     frozen,
     parse_epochs,
 )
-from api.routes.tables import csv_chunks, json_rows, parquet_bytes
 from api.schemas import MetricsPublic
+from api.tables import csv_chunks, json_rows, parquet_bytes
 from service.errors import LimitExceeded
 
 router = APIRouter(tags=["metrics"])
@@ -47,14 +53,16 @@ RESPONSES = {
         },
     },
     **ERROR_RESPONSES,
+    **BUSY_RESPONSES,
 }
 
 
 @router.get("/sweeps/{sweep_id}/metrics", response_model=None, responses=RESPONSES)
-def read_metrics(
+async def read_metrics(
     sweep_id: SweepId,
     store: StoreDep,
     cache: CacheDep,
+    heavy: Annotated[HeavyReads, Depends(get_heavy_reads)],
     filters: ConfigFilters,
     metric: Annotated[
         list[MetricName] | None, Query(description="metric names (repeatable)")
@@ -76,11 +84,13 @@ def read_metrics(
 ) -> Response:
     """Tidy rows of a sweep filtered by config, metric, epoch and layer: JSON, CSV or Parquet."""
     epochs = parse_epochs(epoch)
-    version = sweep_version(store.get_sweep(sweep_id))
+    if format == "json":
+        limit = _json_limit(limit)
+    version = sweep_version(await run_in_threadpool(store.get_sweep, sweep_id))
     asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate)
     key = ("metrics", sweep_id, version, asked)  # one store (and one cache) per app
 
-    def read():
+    def read() -> pd.DataFrame:
         try:
             return store.read_metrics(
                 sweep_id,
@@ -93,23 +103,63 @@ def read_metrics(
         except LimitExceeded as exc:
             raise _narrow(exc) from None
 
-    frame = cache.get(key, read, final=version[0])
-    if format == "json":
-        limit = _json_limit(limit)
+    frame = await heavy.cached(cache, key, read, final=version[0])
     total = len(frame)
     if offset or limit is not None:
         frame = frame.iloc[offset : offset + limit if limit is not None else None]
-    name = f"sweep-{sweep_id}-metrics"
+    return await _answer(frame, total, format, f"sweep-{sweep_id}-metrics", heavy)
+
+
+async def _answer(
+    frame: pd.DataFrame, total: int, format: str, name: str, heavy: HeavyReads
+) -> Response:
+    """The page as CSV (streamed), Parquet or JSON; encoding a big one is a heavy read."""
     headers = {"X-Total-Count": str(total)}
+    big = len(frame) > LIGHT_ROWS
     if format == "csv":
         headers["Content-Disposition"] = f'attachment; filename="{name}.csv"'
-        return StreamingResponse(csv_chunks(frame), media_type="text/csv", headers=headers)
+        chunks = _Held(csv_chunks(frame), heavy.admit()) if big else csv_chunks(frame)
+        return StreamingResponse(chunks, media_type="text/csv", headers=headers)
+    encode: Callable[[], bytes] = (
+        (lambda: parquet_bytes(frame)) if format == "parquet" else (lambda: _json(frame, total))
+    )
+    body = await heavy.call(encode, heavy=big)
     if format == "parquet":
         headers["Content-Disposition"] = f'attachment; filename="{name}.parquet"'
-        return Response(parquet_bytes(frame), media_type=PARQUET, headers=headers)
-    body = {"data": json_rows(frame), "count": total, "columns": list(frame.columns)}
+        return Response(body, media_type=PARQUET, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _json(frame: pd.DataFrame, total: int) -> bytes:
+    body: dict[str, Any] = {"data": json_rows(frame), "count": total}
+    body["columns"] = list(frame.columns)
     text = json.dumps(body, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
-    return Response(text.encode(), media_type="application/json", headers=headers)
+    return text.encode()
+
+
+class _Held:
+    """The chunks, holding a heavy-read slot until the last is sent or the stream is dropped
+    (closed, or collected unstarted). Sync, so Starlette iterates it off the event loop."""
+
+    def __init__(self, chunks: Iterator[bytes], release: Callable[[], None]):
+        self._chunks = chunks
+        self.release = release  # idempotent
+
+    def __iter__(self) -> _Held:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._chunks)
+        except BaseException:
+            self.release()
+            raise
+
+    def close(self) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def _json_limit(limit: int | None) -> int:

@@ -1,14 +1,20 @@
-"""`GET /sweeps/{id}/plots/{kind}`: a figure of a stored sweep as PNG or SVG (docs/plots.md)."""
+"""`GET /sweeps/{id}/plots/{kind}`: a figure of a stored sweep as PNG or SVG (docs/plots.md).
+
+Drawn off the event loop within the heavy-read bound and the plot time limit
+(api/limits.py). The default metric of each kind is service.plots.defaults, which the
+dashboard's default plots use too."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 
+from api.cache import sweep_version
 from api.errors import ERROR_RESPONSES
-from api.routes.cache import sweep_version
+from api.limits import PLOT_RESPONSES, HeavyReads, get_heavy_reads
 from api.routes.deps import (
     INT32_MAX,
     CacheDep,
@@ -19,20 +25,15 @@ from api.routes.deps import (
     frozen,
     parse_epoch,
 )
-from service.figures import make_plot
 from service.plots import PLOT_KINDS
+from service.plots.defaults import DEFAULT_METRIC, default_metric
+from service.plots.stored import make_plot
 
 router = APIRouter(tags=["plots"])
+__all__ = ["DEFAULT_METRIC", "router"]
 
 MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
-DEFAULT_METRIC: dict[str, str | list[str]] = {
-    "layer_profile": "isometry_gap/act",
-    "depth_scaling": "grad_norm",
-    "training_curves": ["train_loss", "test_acc"],
-    "heatmap": "isometry_gap/act",
-    "theory_overlay": "isometry_gap/norm",
-}
-RESPONSES = {
+IMAGE_RESPONSES = {  # the figure, or one of the errors (503 busy, 504 too slow included)
     200: {
         "description": "the figure",
         "content": {
@@ -41,6 +42,7 @@ RESPONSES = {
         },
     },
     **ERROR_RESPONSES,
+    **PLOT_RESPONSES,
 }
 Kind = Annotated[
     str,
@@ -50,12 +52,13 @@ Kind = Annotated[
 ]
 
 
-@router.get("/sweeps/{sweep_id}/plots/{kind}", response_class=Response, responses=RESPONSES)
-def read_plot(
+@router.get("/sweeps/{sweep_id}/plots/{kind}", response_class=Response, responses=IMAGE_RESPONSES)
+async def read_plot(
     sweep_id: SweepId,
     kind: Kind,
     store: StoreDep,
     cache: CacheDep,
+    heavy: Annotated[HeavyReads, Depends(get_heavy_reads)],
     filters: ConfigFilters,
     metric: Annotated[
         list[MetricName] | None,
@@ -76,14 +79,20 @@ def read_plot(
     ] = None,
 ) -> Response:
     """A plot of a sweep: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay."""
-    metrics = list(metric) if metric else DEFAULT_METRIC.get(kind, [])  # make_plot checks kind
     at = None if epoch is None else "last" if epoch == "last" else parse_epoch(epoch)
-    version = sweep_version(store.get_sweep(sweep_id))
+    info = await run_in_threadpool(store.get_sweep, sweep_id)
+    version = sweep_version(info)
+    metrics = list(metric) if metric else default_metric(kind, info.spec)  # make_plot checks kind
     asked = (kind, str(metrics), format, x, group_by, at, layer, trial, frozen(filters))
-    options = dict(fmt=format, x=x, group_by=group_by, epoch=at, layer=layer, trial_id=trial)
 
     def draw() -> bytes:
-        return make_plot(store, sweep_id, kind, metric=metrics, where=filters, **options)
+        return make_plot(
+            store, sweep_id, kind, metric=metrics, where=filters, fmt=format, x=x,
+            group_by=group_by, epoch=at, layer=layer, trial_id=trial,
+        )  # fmt: skip
 
-    image = cache.get(("plot", sweep_id, version, asked), draw, final=version[0])
+    key = ("plot", sweep_id, version, asked)
+    image = await heavy.cached(
+        cache, key, draw, final=version[0], timeout_s=heavy.plot_timeout_s, what="the plot"
+    )
     return Response(image, media_type=MEDIA[format])

@@ -16,7 +16,6 @@ from api.routes.deps import (
     SweepId,
     TrialId,
 )
-from api.routes.spec_body import SPEC_BODY, read_spec
 from api.schemas import (
     SweepPublic,
     SweepsPublic,
@@ -25,6 +24,7 @@ from api.schemas import (
     TrialsPublic,
     TrialStatus,
 )
+from api.spec_body import SPEC_BODY, read_spec
 from service.spec import parse_spec
 
 router = APIRouter(tags=["sweeps"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import textwrap
 from collections import Counter
+from typing import Any
 
 import matplotlib
 import numpy as np
@@ -51,7 +52,7 @@ def palette(labels: list[str], sequential: bool) -> dict[str, tuple]:
     if sequential and len(labels) > 1:
         cmap = matplotlib.colormaps["viridis"]
         return {lab: cmap(0.9 * i / (len(labels) - 1)) for i, lab in enumerate(labels)}
-    cycle = matplotlib.colormaps["tab10"].colors
+    cycle = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]  # a ListedColormap
     return {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
 
 
@@ -124,7 +125,7 @@ def set_scales(ax: Axes, xs: np.ndarray, ys: np.ndarray, *, integer_x: bool = Fa
         ax.set_xscale("log")
         ticks = np.unique(xs[np.isfinite(xs) & (xs > 0)])
         if len(ticks) <= 12:  # few swept values (depths): label exactly those, nothing between
-            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_major_locator(FixedLocator(ticks.tolist()))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             ax.xaxis.set_minor_formatter(NullFormatter())
     elif integer_x:
@@ -140,7 +141,8 @@ def draw_grid(fig: Figure, ax: Axes, grid, label: str) -> None:
     shown = np.ma.masked_array(np.where(finite, v, 0.0), mask=~finite)
     norm = _norm(v[finite])
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
-    kw = dict(origin="lower", aspect="auto", interpolation="nearest", extent=_extent(grid))
+    extent = _extent(grid)
+    kw: dict[str, Any] = dict(origin="lower", aspect="auto", interpolation="nearest", extent=extent)
     im = ax.imshow(shown, cmap=cmap, norm=norm, **kw)
     fig.colorbar(im, ax=ax, label=wrap(label, 45))
     overlay = np.zeros((*v.shape, 4))  # (ny, nx, RGBA), transparent where finite or absent
@@ -157,7 +159,7 @@ def draw_grid(fig: Figure, ax: Axes, grid, label: str) -> None:
         handles.append(hole)
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=8)
-    if kw["extent"] is None:
+    if extent is None:
         _ticks(ax, grid.xs, "x")
         _ticks(ax, grid.ys, "y")
     else:

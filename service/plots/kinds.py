@@ -3,6 +3,8 @@ the axes with the metric's definition, and say in a note what was chosen (epoch,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -198,7 +200,7 @@ def theory_overlay(frame, metric, *, x, group_by, epoch, layer, title, theory, *
     return _finish(fig, ax, title, notes, frame)
 
 
-BUILDERS = {
+BUILDERS: dict[str, Callable[..., Figure]] = {  # kind → its figure builder
     "layer_profile": layer_profile,
     "depth_scaling": depth_scaling,
     "training_curves": training_curves,

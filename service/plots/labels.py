@@ -1,4 +1,5 @@
-"""Axis labels: every metric with its definition (SCIENCE.md), and the config fields' symbols."""
+"""Axis labels: every metric with its definition (docs/science.md), and the config fields'
+symbols."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ METRIC_LABELS: dict[str, str] = {
     "isometry_gap/linear": f"isometry gap of the Linear output, {_GAP} of G = HHᵀ",
     "isometry_gap/norm": f"isometry gap of the normalization output, {_GAP} of G = HHᵀ",
     "isometry_gap/act": f"isometry gap of the activation output, {_GAP} of G = HHᵀ",
+    "range_isometry_gap/linear": f"range isometry gap of the Linear output, {_GAP} of G = HHᵀ "
+    "on the complement of its structural null space",
+    "range_isometry_gap/norm": f"range isometry gap of the normalization output, {_GAP} of "
+    "G = HHᵀ on the complement of its structural null space",
+    "range_isometry_gap/act": f"range isometry gap of the activation output, {_GAP} of G = HHᵀ "
+    "on the complement of its structural null space",
     "weight_isometry_gap": f"weight isometry gap of layer ℓ, {_GAP} of Wℓ Wℓᵀ",
     "grad_norm": "gradient norm of layer ℓ: Frobenius ‖∂L/∂Wℓ‖ on the probe batch",
 }

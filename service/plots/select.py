@@ -70,9 +70,10 @@ def ranges(values: Iterable[int]) -> list[str]:
     """Integers as runs, `[0, 1, 2, 5]` → `["0..2", "5"]`: an allowed list that stays short."""
     vs = sorted({int(v) for v in values})
     out: list[str] = []
-    start = prev = None
+    start: int | None = None
+    prev: int | None = None
     for v in [*vs, None]:
-        if start is not None and (v is None or v != prev + 1):
+        if start is not None and prev is not None and (v is None or v != prev + 1):
             out.append(str(start) if start == prev else f"{start}..{prev}")
             start = None
         if v is not None and start is None:

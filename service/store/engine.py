@@ -3,12 +3,16 @@
 SQLite: WAL (readers never block the writer, nor it them), a 30 s busy timeout, foreign keys on,
 and `BEGIN IMMEDIATE` for write transactions: a writer takes the write lock when it begins, so
 concurrent writers queue on the busy timeout instead of failing with "database is locked" when a
-read transaction tries to upgrade. Read transactions use a plain deferred `BEGIN`.
+read transaction tries to upgrade. Read transactions use a plain deferred `BEGIN`. Writers of
+one process (every Store of one database file) also queue on an in-process lock taken at
+BEGIN IMMEDIATE and released at COMMIT or ROLLBACK, without a deadline short enough to fail a
+long queue: only other processes' writers wait on the busy timeout.
 Postgres: psycopg 3, READ COMMITTED; row locks where ordering matters (claim_sweep).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +30,7 @@ from service.errors import IsosweepError, StorageError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+WRITER_QUEUE_S = 600.0  # the longest a write waits for the writers of its own process
 WRITE = "isosweep_write"  # execution option marking a write transaction
 MIGRATION_LOCK = 0x150_5EE9  # Postgres advisory lock key held while migrating
 
@@ -52,13 +57,30 @@ def make_engine(url: str) -> Engine:
     if memory:  # one shared connection; for tests and throwaway use only
         engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
     else:
-        Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = str(u.database)
+        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-    _configure_sqlite(engine, wal=not memory)
+    _configure_sqlite(engine, wal=not memory, key=None if memory else _file_key(path))
     return engine
 
 
-def _configure_sqlite(engine: Engine, *, wal: bool) -> None:
+_writer_locks: dict[str, threading.RLock] = {}
+_writer_locks_guard = threading.Lock()
+
+
+def _file_key(database: str) -> str:
+    return str(Path(database).expanduser().resolve())
+
+
+def writer_lock(key: str) -> threading.RLock:
+    """The in-process lock of the writers of one SQLite database (key: its resolved path)."""
+    with _writer_locks_guard:
+        return _writer_locks.setdefault(key, threading.RLock())
+
+
+def _configure_sqlite(engine: Engine, *, wal: bool, key: str | None) -> None:
+    lock = writer_lock(key) if key is not None else threading.RLock()  # memory: per engine
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
@@ -72,8 +94,26 @@ def _configure_sqlite(engine: Engine, *, wal: bool) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        write = conn.get_execution_options().get(WRITE, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        if not conn.get_execution_options().get(WRITE, False):
+            conn.exec_driver_sql("BEGIN")
+            return
+        if not lock.acquire(timeout=WRITER_QUEUE_S):
+            raise StorageError(
+                f"the database is busy: writes of this process queued over {WRITER_QUEUE_S:g} s"
+            )
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            lock.release()
+            raise
+        conn.info[WRITE] = lock
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _on_end(conn: Any) -> None:
+        held = conn.info.pop(WRITE, None)
+        if held is not None:
+            held.release()
 
 
 class Sessions:

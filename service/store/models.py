@@ -30,12 +30,18 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SWEEP_STATUSES = ("queued", "running", "completed", "cancelled", "failed")
-TRIAL_STATUSES = ("queued", "running", "completed", "diverged", "failed", "cancelled")
-FINISHED_TRIAL = ("completed", "diverged", "failed", "cancelled")
+from service.status import SweepStatus, TrialStatus
+
+# The status columns hold service.status values; these are the plain strings, in order (the
+# API's enums, the `allowed` lists of errors).
+SWEEP_STATUSES = tuple(s.value for s in SweepStatus)
+TRIAL_STATUSES = tuple(s.value for s in TrialStatus)
+FINISHED_TRIAL = tuple(s.value for s in TrialStatus.finished())
 
 # Constraint names fixed by convention, so migrations can refer to them on every backend.
 NAMING = {
@@ -137,6 +143,15 @@ class SqlTrial(Base):
     eval_norm: Mapped[str] = mapped_column(String(32))
     record_every: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(Integer)
+    # Added by revision 0002 (server defaults = the field defaults, so older rows stay valid).
+    dtype: Mapped[str] = mapped_column(String(32), server_default="float32")
+    norm_eps: Mapped[float] = mapped_column(Float, server_default="1e-05")
+    bias_init: Mapped[str] = mapped_column(String(32), server_default="zero")
+    head_init: Mapped[str | None] = mapped_column(String(32))
+    orthogonal_gain: Mapped[bool] = mapped_column(Boolean, server_default=true())
+    input_norm: Mapped[str] = mapped_column(String(32), server_default="none")
+    spectra: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    jacobian_samples: Mapped[int] = mapped_column(Integer, server_default="0")
 
     __table_args__ = (
         UniqueConstraint("sweep_id", "index"),
@@ -170,4 +185,19 @@ class SqlArtifact(Base):
     )
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     shape: Mapped[list] = mapped_column(JSON)
+    data: Mapped[bytes] = mapped_column(LargeBinary)  # little-endian float64, C order
+
+
+class SqlSpectrum(Base):
+    """One epoch of one per-epoch 2-D array of a trial (service.config.SPECTRUM_KEYS): the
+    eigenvalues of every Gram of one kind, (L, n), or the Jacobian singular values, (k, m)."""
+
+    __tablename__ = "spectra"
+
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True)
+    shape: Mapped[list] = mapped_column(JSON)  # [rows, columns]
     data: Mapped[bytes] = mapped_column(LargeBinary)  # little-endian float64, C order

@@ -7,6 +7,7 @@ Reused trials (results_from) read the original trial's rows under their own id.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -130,7 +131,7 @@ def _check_points(s: Session, q: Select, layers: list[int] | None, max_points: i
 
 
 def _tidy(
-    rows: list[Any], trials: list[Any], fields: list[str], layers: list[int] | None
+    rows: Sequence[Any], trials: Sequence[Any], fields: list[str], layers: list[int] | None
 ) -> pd.DataFrame:
     """One row per (trial, epoch, metric, layer); columns as docs/architecture.md says."""
     n = np.array([len(r.data) // 8 for r in rows], dtype=np.int64)  # (R,)
@@ -174,9 +175,10 @@ def trial_history(
     return epochs, values  # (E,)
 
 
-def input_gram(s: Session, trial_id: int) -> np.ndarray | None:
+def input_gram(s: Session, trial_id: int, name: str = "input_gram") -> np.ndarray | None:
+    """A per-trial artifact of epoch 0: "input_gram" (n, n) or "input_moments" (n,)."""
     t = get_trial_row(s, trial_id)
-    art = s.get(SqlArtifact, (t.results_from or t.id, "input_gram"))
+    art = s.get(SqlArtifact, (t.results_from or t.id, name))
     if art is None:
         return None
-    return codec.decode(art.data).reshape(art.shape)  # (n, n)
+    return codec.decode(art.data).reshape(art.shape)

@@ -13,9 +13,9 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service import jsonfmt
-from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SCALAR_METRICS
+from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SCALAR_METRICS, SPECTRUM_KEYS
 from service.errors import Conflict, InvalidInput, NotFound
-from service.store import codec
+from service.store import codec, spectra
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
 
 CHUNK = 500  # rows per executemany
@@ -35,17 +35,22 @@ def write_records(s: Session, batch: list[tuple[int, dict[str, Any]]]) -> None:
     rows: list[dict[str, Any]] = []
     stale: list[dict[str, Any]] = []
     artifacts: list[dict[str, Any]] = []
+    arrays: list[dict[str, Any]] = []  # the spectra table's rows (service.store.spectra)
     for (tid, epoch), record in latest.items():
         t = trials[tid]
         found = _metric_rows(record, t, epoch)
+        arrays.extend(spectra.record_rows(record, t, epoch))
         rows.extend(found)
         present = {r["metric"] for r in found}
         stale.extend({"t": tid, "e": epoch, "m": m} for m in METRICS if m not in present)
         if record.get("input_gram") is not None:
             artifacts.append(_gram_row(tid, record["input_gram"]))
+        if record.get("input_moments") is not None:
+            artifacts.append(_moments_row(tid, record["input_moments"]))
         _advance(t, epoch, record)
     upsert(s, METRIC_TABLE, rows, ("trial_id", "metric", "epoch"), ("n", "data"))
     upsert(s, ARTIFACT_TABLE, artifacts, ("trial_id", "name"), ("shape", "data"))
+    spectra.write_spectra(s, arrays, list(latest))
     if stale:  # an epoch written again is replaced whole, metrics it no longer has included
         m = METRIC_TABLE.c
         gone = delete(METRIC_TABLE).where(
@@ -84,7 +89,7 @@ def _epoch(record: dict[str, Any], t: SqlTrial) -> int:
 def _metric_rows(record: dict[str, Any], t: SqlTrial, epoch: int) -> list[dict[str, Any]]:
     rows = []
     for key, value in record.items():
-        if key in RECORD_KEYS:
+        if key in RECORD_KEYS or key in SPECTRUM_KEYS:  # SPECTRUM_KEYS: service.store.spectra
             continue
         if key in SCALAR_METRICS:
             data = codec.encode(_scalar(key, value))
@@ -92,7 +97,9 @@ def _metric_rows(record: dict[str, Any], t: SqlTrial, epoch: int) -> list[dict[s
             data = codec.encode(_vector(key, value, t.depth))
         else:
             raise InvalidInput(
-                "unknown metric", field=f"record.{key}", allowed=(*METRICS, *RECORD_KEYS)
+                "unknown metric",
+                field=f"record.{key}",
+                allowed=(*METRICS, *RECORD_KEYS, *SPECTRUM_KEYS),
             )
         rows.append(
             {"trial_id": t.id, "metric": key, "epoch": epoch, "n": len(data) // 8, "data": data}
@@ -117,6 +124,21 @@ def _vector(key: str, value: Any, depth: int) -> np.ndarray:
             field=f"record.{key}",
         )
     return v
+
+
+def _moments_row(tid: int, moments: Any) -> dict[str, Any]:
+    try:
+        m = np.asarray(moments, dtype=np.float64)  # (n,)
+    except (TypeError, ValueError):
+        raise InvalidInput("a vector of numbers", field="record.input_moments") from None
+    if m.ndim != 1:
+        raise InvalidInput(f"a vector (n,), got shape {m.shape}", field="record.input_moments")
+    return {
+        "trial_id": tid,
+        "name": "input_moments",
+        "shape": list(m.shape),
+        "data": codec.encode(m),
+    }
 
 
 def _gram_row(tid: int, gram: Any) -> dict[str, Any]:

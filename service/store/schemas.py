@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from service.status import trials_finished
 
 
 class SweepInfo(BaseModel):
@@ -20,20 +22,24 @@ class SweepInfo(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    counts: dict[str, int]  # every trial status → number of trials (all six present)
+    counts: dict[str, int] = Field(description="trials by status (every status present)")
     n_trials: int
-    progress: float  # 0..1: recorded epochs over expected epochs; finished trials count in full
-    eta_s: float | None  # seconds left, from elapsed running time and progress; None = unknown
+    progress: float = Field(
+        description="recorded epochs over expected epochs, 0..1; finished trials count in full"
+    )
+    eta_s: float | None = Field(
+        description="seconds left (running sweeps, from elapsed time and progress), else null"
+    )
     cancel_requested: bool
     runner_id: str | None
     error: str | None
-    spec: dict[str, Any]  # the validated SweepSpec
+    spec: dict[str, Any] = Field(description="the validated SweepSpec")
 
     @property
     def trials_done(self) -> int:
         """Trials no longer queued or running (finished, reused ones included). A plain property:
         it is not a field, so model_dump() and the API's JSON do not change."""
-        return sum(n for s, n in self.counts.items() if s not in ("queued", "running"))
+        return trials_finished(self.counts)
 
 
 class TrialInfo(BaseModel):
@@ -41,8 +47,8 @@ class TrialInfo(BaseModel):
 
     id: int
     sweep_id: int
-    index: int  # position in the sweep's expansion
-    config: dict[str, Any]  # the resolved TrialConfig
+    index: int = Field(description="position in the sweep's expansion")
+    config: dict[str, Any] = Field(description="the resolved TrialConfig")
     config_hash: str
     status: str  # queued | running | completed | diverged | failed | cancelled
     attempts: int
@@ -53,5 +59,5 @@ class TrialInfo(BaseModel):
     epochs_total: int  # records a full run writes: len(config.recorded_epochs)
     last_epoch: int | None  # highest epoch stored
     diverged_epoch: int | None
-    results_from: int | None  # the trial whose stored results this one reuses
+    results_from: int | None = Field(description="the trial whose stored results this reuses")
     summary: dict[str, float]  # scalar metrics of the last recorded epoch (NaN/±inf as floats)

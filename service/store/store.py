@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from service.errors import InvalidInput
 from service.settings import Settings, get_settings
 from service.spec import SweepSpec
-from service.store import reads, results, sweeps, trials
+from service.store import reads, results, spectra, sweeps, trials
 from service.store.engine import Sessions, make_engine
 from service.store.engine import migrate as run_migrations
 from service.store.schemas import SweepInfo, TrialInfo
@@ -240,37 +240,50 @@ class Store:
         with self._read() as s:
             return trials.runnable_trials(s, sweep_id)
 
-    def start_trial(self, trial_id: int) -> TrialInfo:
+    def start_trial(self, trial_id: int, *, runner_id: str | None = None) -> TrialInfo:
         """Mark an attempt of a trial as started: `running`, attempts + 1, started_at now, its
         progress (epochs_done) and diverged_epoch reset, and the results of earlier attempts
         deleted, so the stored rows are always those of one attempt (a retry that diverges
         earlier than the attempt it replaces leaves no stale later epochs). A retry calls it again.
 
+        Args:
+            runner_id: fence the write: it happens only while the trial's sweep is running
+                under this runner (the driver passes its own), else LeaseLost.
+
         Raises:
             NotFound: no trial has this id.
             Conflict: the trial reuses stored results, or is completed, diverged or cancelled.
+            LeaseLost: (a Conflict) runner_id no longer holds the trial's sweep.
         """
         with self._write() as s:
+            self._fence(s, [trial_id], runner_id)
             return trials.start_trial(s, trial_id)
 
-    def finish_trial(self, trial_id: int, status: str, error: str | None = None) -> TrialInfo:
+    def finish_trial(
+        self, trial_id: int, status: str, error: str | None = None, *, runner_id: str | None = None
+    ) -> TrialInfo:
         """Mark a trial finished.
 
         Args:
-            status: `completed`, `diverged`, `failed` or `cancelled`.
+            status: `completed`, `diverged`, `failed` or `cancelled` (service.status).
             error: what went wrong (for `failed`).
+            runner_id: fence the write, as in start_trial.
 
         Raises:
             NotFound: no trial has this id.
             InvalidInput: status is not a finished status.
             Conflict: the trial reuses stored results.
+            LeaseLost: (a Conflict) runner_id no longer holds the trial's sweep.
         """
         with self._write() as s:
+            self._fence(s, [trial_id], runner_id)
             return trials.finish_trial(s, trial_id, status, error)
 
     # --- results ------------------------------------------------------------------------------
 
-    def write_records(self, batch: list[tuple[int, dict[str, Any]]]) -> None:
+    def write_records(
+        self, batch: list[tuple[int, dict[str, Any]]], *, runner_id: str | None = None
+    ) -> None:
         """Store epoch records (docs/architecture.md) of many trials in one transaction.
 
         Idempotent: each (trial, metric, epoch) is upserted, and an epoch written again is
@@ -279,15 +292,20 @@ class Store:
 
         Args:
             batch: (trial_id, record) pairs; a record holds "epoch", optional "diverged" and
-                "input_gram" (n × n), and any of service.config.METRICS.
+                "input_gram" (n × n), "input_moments" (n,), any of service.config.METRICS,
+                and any of SPECTRUM_KEYS (2-D arrays, read back with `spectra`).
+            runner_id: fence the write, as in start_trial.
 
         Raises:
             NotFound: a trial id does not exist.
             Conflict: a trial reuses another's results (it has none of its own).
+            LeaseLost: (a Conflict) runner_id no longer holds a trial's sweep; nothing is
+                written.
             InvalidInput: an unknown metric, a per-layer vector whose length is not the trial's
                 depth, a non-numeric value, or an epoch outside 0..epochs. Nothing is written.
         """
         with self._write() as s:
+            self._fence(s, [tid for tid, _ in batch], runner_id)
             results.write_records(s, batch)
 
     def read_metrics(
@@ -353,6 +371,50 @@ class Store:
         """
         with self._read() as s:
             return reads.input_gram(s, trial_id)
+
+    def input_moments(self, trial_id: int) -> np.ndarray | None:
+        """The trial's ‖x_i‖²/d_in of its probe inputs, (n,), recorded with epoch 0 after
+        input_norm; None if not stored (trials recorded before it existed).
+
+        Raises:
+            NotFound: no trial has this id.
+        """
+        with self._read() as s:
+            return reads.input_gram(s, trial_id, "input_moments")
+
+    def spectra(
+        self,
+        trial_id: int,
+        *,
+        name: str | None = None,
+        epoch: int | str | None = None,
+        layer: int | None = None,
+    ) -> list[spectra.Spectrum]:
+        """The trial's stored per-epoch arrays (service.config.SPECTRUM_KEYS), by name then
+        epoch: Gram eigenvalues `spectrum/*` (L, n), Jacobian singular values (k, m).
+
+        Args:
+            name: one of SPECTRUM_KEYS (all when None).
+            epoch: a stored epoch, "last" (the highest stored, per name), or None (all).
+            layer: ℓ ≥ 1: only that row of each `spectrum/*` array (the Jacobian, which has
+                none, is left out).
+
+        Raises:
+            NotFound: no trial has this id.
+            InvalidInput: an unknown name (listing them), an epoch with nothing stored
+                (listing the stored ones), a layer outside 1..depth or asked of the Jacobian.
+            LimitExceeded: more than settings.max_points values.
+        """
+        with self._read() as s:
+            return spectra.read_spectra(
+                s, trial_id, name=name, epoch=epoch, layer=layer,
+                max_points=self.settings.max_points,
+            )  # fmt: skip
+
+    @staticmethod
+    def _fence(s: Session, trial_ids: list[int], runner_id: str | None) -> None:
+        if runner_id is not None and trial_ids:
+            sweeps.check_holder(s, trial_ids, runner_id)
 
     def _bound(self, max_points: int | None) -> int:
         if max_points is None:

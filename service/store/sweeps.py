@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import and_, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from service.config import CONFIG_FIELDS, TrialConfig, config_hash
+from service.config import CONFIG_FIELDS, config_hash
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from service.settings import Settings
 from service.spec import SweepSpec, check_limits
+from service.status import SweepStatus, TrialStatus
 from service.store.models import (
-    FINISHED_TRIAL,
     SWEEP_STATUSES,
     TRIAL_STATUSES,
     SqlSweep,
@@ -26,22 +26,26 @@ from service.store.models import (
 from service.store.schemas import SweepInfo
 
 CHUNK = 500  # rows per bulk insert and ids per IN (...) list
-FINISHED_SWEEP = ("completed", "cancelled", "failed")
-REUSABLE = ("completed", "diverged")  # a divergence is a result too
+FINISHED_SWEEP = SweepStatus.finished()  # kept for callers; prefer SweepStatus(s).is_finished()
+UNFINISHED_TRIAL = (TrialStatus.QUEUED, TrialStatus.RUNNING)
+REUSABLE = (TrialStatus.COMPLETED, TrialStatus.DIVERGED)  # a divergence is a result too
 
 
 def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
-    configs = check_limits(spec, settings)
-    hashes = [config_hash(c) for c in configs]
-    reuse = {} if spec.rerun else _reusable(s, hashes)
+    """Write the sweep and its trials. What needs no database (expansion, the limits, config
+    hashes, the trial rows) is done before the first statement, so outside the write
+    transaction: a Session begins its transaction at its first statement, and on SQLite that
+    BEGIN IMMEDIATE holds the database's one write lock until the commit (engine.py)."""
+    trials = trial_rows(spec, settings)
+    reuse = {} if spec.rerun else _reusable(s, [t["config_hash"] for t in trials])
     now = utcnow()
-    all_reused = len(reuse) == len(configs) and bool(configs)
+    all_reused = len(reuse) == len(trials) and bool(trials)
     sweep = SqlSweep(
         name=spec.name,
         description=spec.description,
         tags=list(spec.tags),
         spec=spec.model_dump(mode="json"),
-        status="completed" if all_reused else "queued",
+        status=SweepStatus.COMPLETED if all_reused else SweepStatus.QUEUED,
         priority=spec.priority,
         cancel_requested=False,
         created_at=now,
@@ -49,13 +53,37 @@ def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
     )
     s.add(sweep)
     s.flush()  # assigns sweep.id
-    rows = [
-        _trial_row(sweep.id, i, c, h, reuse.get(h), now)
-        for i, (c, h) in enumerate(zip(configs, hashes, strict=True))
-    ]
-    for k in range(0, len(rows), CHUNK):
-        s.execute(insert(SqlTrial), rows[k : k + CHUNK])
+    for k in range(0, len(trials), CHUNK):
+        rows = [
+            _with_source(t, sweep.id, reuse.get(t["config_hash"]), now)
+            for t in trials[k : k + CHUNK]
+        ]
+        s.execute(insert(SqlTrial), rows)
     return sweep_infos(s, [sweep])[0]
+
+
+def trial_rows(spec: SweepSpec, settings: Settings) -> list[dict[str, Any]]:
+    """The trials' rows (without sweep_id) in expansion order, in time independent of the
+    epochs: the records a full run writes are counted, not listed (n_recorded_epochs).
+
+    Raises:
+        LimitExceeded, InvalidInput: as service.spec.check_limits.
+    """
+    rows = []
+    for i, c in enumerate(check_limits(spec, settings)):
+        rows.append(
+            {
+                "index": i,
+                "config": c.to_dict(),
+                "config_hash": config_hash(c),
+                "status": TrialStatus.QUEUED,
+                "attempts": 0,
+                "epochs_done": 0,
+                "epochs_total": c.n_recorded_epochs,
+                **{f: getattr(c, f) for f in CONFIG_FIELDS},
+            }
+        )
+    return rows
 
 
 def _reusable(s: Session, hashes: list[str]) -> dict[str, SqlTrial]:
@@ -73,20 +101,10 @@ def _reusable(s: Session, hashes: list[str]) -> dict[str, SqlTrial]:
     return found
 
 
-def _trial_row(
-    sweep_id: int, index: int, c: TrialConfig, h: str, src: SqlTrial | None, now: Any
+def _with_source(
+    trial: dict[str, Any], sweep_id: int, src: SqlTrial | None, now: Any
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "sweep_id": sweep_id,
-        "index": index,
-        "config": c.to_dict(),
-        "config_hash": h,
-        "status": "queued",
-        "attempts": 0,
-        "epochs_done": 0,
-        "epochs_total": len(c.recorded_epochs),
-        **{f: getattr(c, f) for f in CONFIG_FIELDS},
-    }
+    row = {**trial, "sweep_id": sweep_id}
     if src is not None:  # created finished, reading the original's results
         row.update(
             status=src.status,
@@ -143,11 +161,11 @@ def _info(w: SqlSweep, stats: list[tuple]) -> SweepInfo:
     done = total = own_done = own_total = 0
     for status, reused, n, ep_done, ep_total in stats:
         counts[status] += n
-        d = ep_total if status in FINISHED_TRIAL else min(ep_done or 0, ep_total)
+        d = ep_total if TrialStatus(status).is_finished() else min(ep_done or 0, ep_total)
         done, total = done + d, total + ep_total
         if not reused:
             own_done, own_total = own_done + d, own_total + ep_total
-    progress = done / total if total else (1.0 if w.status in FINISHED_SWEEP else 0.0)
+    progress = done / total if total else (1.0 if SweepStatus(w.status).is_finished() else 0.0)
     return SweepInfo(
         id=w.id,
         name=w.name,
@@ -171,7 +189,7 @@ def _info(w: SqlSweep, stats: list[tuple]) -> SweepInfo:
 
 def _eta(w: SqlSweep, p: float | None) -> float | None:
     """Remaining seconds if the sweep's own (not reused) work goes on at the pace so far."""
-    if w.status != "running" or w.started_at is None or not p:
+    if w.status != SweepStatus.RUNNING or w.started_at is None or not p:
         return None
     elapsed = (utcnow() - w.started_at).total_seconds()
     return max(elapsed, 0.0) * (1 - p) / p
@@ -210,24 +228,24 @@ def check_status(status: str, allowed: tuple[str, ...], field: str = "status") -
 
 def request_cancel(s: Session, sweep_id: int) -> SweepInfo:
     w = get_sweep_row(s, sweep_id, lock=True)
-    if w.status in FINISHED_SWEEP:
+    if SweepStatus(w.status).is_finished():
         return sweep_infos(s, [w])[0]
     now = utcnow()
     w.cancel_requested = True
     s.execute(
         update(SqlTrial)
-        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == "queued")
-        .values(status="cancelled", finished_at=now)
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == TrialStatus.QUEUED)
+        .values(status=TrialStatus.CANCELLED, finished_at=now)
     )
-    if w.status == "queued":
-        w.status, w.finished_at = "cancelled", now
+    if w.status == SweepStatus.QUEUED:
+        w.status, w.finished_at = SweepStatus.CANCELLED, now
     s.flush()
     return sweep_infos(s, [w])[0]
 
 
 def _claimable(now: Any) -> Any:
-    expired = and_(SqlSweep.status == "running", SqlSweep.lease_expires_at < now)
-    return or_(SqlSweep.status == "queued", expired)
+    expired = and_(SqlSweep.status == SweepStatus.RUNNING, SqlSweep.lease_expires_at < now)
+    return or_(SqlSweep.status == SweepStatus.QUEUED, expired)
 
 
 def claim_sweep(
@@ -256,7 +274,7 @@ def claim_sweep(
             update(SqlSweep)
             .where(SqlSweep.id == candidate, _claimable(now))
             .values(
-                status="running",
+                status=SweepStatus.RUNNING,
                 runner_id=runner_id,
                 lease_s=lease_s,
                 lease_expires_at=now + timedelta(seconds=lease_s),
@@ -265,7 +283,7 @@ def claim_sweep(
             )
             .execution_options(synchronize_session=False)
         )
-        if taken.rowcount == 1:
+        if taken.rowcount == 1:  # type: ignore[attr-defined]  # an UPDATE: a CursorResult
             # Trials the dead runner left running start over; their epochs get overwritten.
             _requeue_running_trials(s, candidate)
             return sweep_infos(s, [get_sweep_row(s, candidate)])[0]
@@ -275,23 +293,51 @@ def claim_sweep(
 def _requeue_running_trials(s: Session, sweep_id: int) -> None:
     s.execute(
         update(SqlTrial)
-        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == "running")
-        .values(status="queued")
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == TrialStatus.RUNNING)
+        .values(status=TrialStatus.QUEUED)
     )
 
 
 def release_sweep(s: Session, sweep_id: int, runner_id: str) -> bool:
     w = get_sweep_row(s, sweep_id, lock=True)
-    if w.status != "running" or w.runner_id != runner_id:
+    if w.status != SweepStatus.RUNNING or w.runner_id != runner_id:
         return False
     _requeue_running_trials(s, sweep_id)
-    w.status, w.runner_id, w.lease_expires_at = "queued", None, None
+    w.status, w.runner_id, w.lease_expires_at = SweepStatus.QUEUED, None, None
     return True
+
+
+class LeaseLost(Conflict):
+    """A runner wrote to a sweep it no longer holds (another runner took it over)."""
+
+
+def check_holder(s: Session, trial_ids: Sequence[int], runner_id: str) -> None:
+    """Fence a runner's write: every trial's sweep must be running under `runner_id`. On
+    Postgres the sweep rows are share-locked until the write commits, so a claim (an UPDATE of
+    the row) comes wholly before or after it; SQLite's write transactions are serialized.
+
+    Raises:
+        LeaseLost: a sweep is not running under runner_id (nothing may be written). Unknown
+            trial ids pass: the write itself reports them.
+    """
+    q = (
+        select(SqlSweep.id, SqlSweep.status, SqlSweep.runner_id)
+        .join(SqlTrial, SqlTrial.sweep_id == SqlSweep.id)
+        .where(SqlTrial.id.in_(sorted(set(trial_ids))))
+    )
+    if s.get_bind().dialect.name == "postgresql":  # FOR SHARE allows no DISTINCT: deduped here
+        q = q.with_for_update(read=True, of=SqlSweep)
+    for sweep_id, status, holder in set(s.execute(q).all()):
+        if status != SweepStatus.RUNNING or holder != runner_id:
+            raise LeaseLost(
+                f"sweep {sweep_id} is no longer held by runner {runner_id} "
+                f"({status}, runner {holder}); nothing was written"
+            )
 
 
 def heartbeat(s: Session, sweep_id: int, runner_id: str) -> bool:
     w = get_sweep_row(s, sweep_id, lock=True)
-    if w.status != "running" or w.runner_id != runner_id:
+    if w.status != SweepStatus.RUNNING or w.runner_id != runner_id:
         return False
     now = utcnow()
     w.heartbeat_at = now
@@ -308,7 +354,7 @@ def is_cancel_requested(s: Session, sweep_id: int) -> bool:
 
 def finish_sweep(s: Session, sweep_id: int) -> SweepInfo:
     w = get_sweep_row(s, sweep_id, lock=True)
-    if w.status in FINISHED_SWEEP:
+    if SweepStatus(w.status).is_finished():
         return sweep_infos(s, [w])[0]
     counts = dict(
         s.execute(
@@ -317,25 +363,25 @@ def finish_sweep(s: Session, sweep_id: int) -> SweepInfo:
             .group_by(SqlTrial.status)
         ).all()
     )
-    left = counts.get("queued", 0) + counts.get("running", 0)
+    left = sum(n for status, n in counts.items() if not TrialStatus(status).is_finished())
     now = utcnow()
     if w.cancel_requested:
         s.execute(
             update(SqlTrial)
-            .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status.in_(("queued", "running")))
-            .values(status="cancelled", finished_at=now)
+            .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status.in_(UNFINISHED_TRIAL))
+            .values(status=TrialStatus.CANCELLED, finished_at=now)
         )
-        w.status = "cancelled"
+        w.status = SweepStatus.CANCELLED
     elif left:
         raise Conflict(
             f"sweep {sweep_id} still has {left} trials queued or running; finish them first "
             "(or request cancel)"
         )
-    elif counts.get("failed", 0):
-        w.status = "failed"
-        w.error = f"{counts['failed']} of {sum(counts.values())} trials failed"
+    elif counts.get(TrialStatus.FAILED, 0):
+        w.status = SweepStatus.FAILED
+        w.error = f"{counts[TrialStatus.FAILED]} of {sum(counts.values())} trials failed"
     else:
-        w.status = "completed"
+        w.status = SweepStatus.COMPLETED
     w.finished_at, w.lease_expires_at = now, None
     s.flush()
     return sweep_infos(s, [w])[0]

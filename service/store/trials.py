@@ -6,22 +6,28 @@ from typing import Any
 
 from sqlalchemy import delete, false, func, or_, select
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from service import jsonfmt
 from service.config import CONFIG_FIELDS
 from service.errors import Conflict, InvalidInput, NotFound
 from service.settings import Settings
 from service.spec import validate_field
+from service.status import TrialStatus
 from service.store.models import (
     FINISHED_TRIAL,
     TRIAL_STATUSES,
     SqlArtifact,
     SqlMetric,
+    SqlSpectrum,
     SqlTrial,
     utcnow,
 )
 from service.store.schemas import TrialInfo
-from service.store.sweeps import check_page, check_status, get_sweep_row
+from service.store.sweeps import UNFINISHED_TRIAL, check_page, check_status, get_sweep_row
+
+# Finished for good: a failed trial may start again (Tune's retry, or a resumed sweep's run).
+FINAL_TRIAL = (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.CANCELLED)
 
 
 def trial_info(t: SqlTrial) -> TrialInfo:
@@ -62,7 +68,7 @@ def where_conditions(where: dict[str, Any] | None) -> list[Any]:
     Raises:
         InvalidInput: an unknown field (naming it and listing the fields), or a bad value.
     """
-    conditions = []
+    conditions: list[ColumnElement[bool]] = []
     for name, value in (where or {}).items():
         field = f"where.{name}"
         if name not in CONFIG_FIELDS:
@@ -105,7 +111,7 @@ def runnable_trials(s: Session, sweep_id: int) -> list[TrialInfo]:
     get_sweep_row(s, sweep_id)
     q = (
         select(SqlTrial)
-        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status.in_(("queued", "running")))
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status.in_(UNFINISHED_TRIAL))
         .where(SqlTrial.results_from.is_(None))
         .order_by(SqlTrial.index)
     )
@@ -116,15 +122,16 @@ def start_trial(s: Session, trial_id: int) -> TrialInfo:
     t = get_trial_row(s, trial_id, lock=True)
     if t.results_from is not None:
         raise Conflict(f"trial {trial_id} reuses the results of trial {t.results_from}")
-    if t.status in ("completed", "diverged", "cancelled"):
+    if t.status in FINAL_TRIAL:
         raise Conflict(f"trial {trial_id} is {t.status}; it does not run again")
-    t.status, t.attempts = "running", t.attempts + 1
+    t.status, t.attempts = TrialStatus.RUNNING, t.attempts + 1
     t.started_at, t.finished_at, t.error = utcnow(), None, None
     # this attempt's progress starts over: a retry that stops earlier must not keep the last
     # attempt's last epoch (read_metrics(epoch="last") joins on it) or its summary
     t.epochs_done, t.diverged_epoch = 0, None
     t.last_epoch, t.summary = None, None
-    for table in (SqlMetric, SqlArtifact):  # and its results: the rows of one attempt only
+    # and its results: the rows of one attempt only
+    for table in (SqlMetric, SqlArtifact, SqlSpectrum):
         s.execute(delete(table).where(table.trial_id == trial_id))
     s.flush()
     return trial_info(t)

@@ -1,7 +1,7 @@
 """What the theory predicts: Hermite coefficients, isometry strength β, the dual activation κ and
 the mean-field Gram recursion of a LayerNorm MLP. numpy + scipy only.
 
-References (see ../shared/SCIENCE.md): Joudaki, Daneshmand, Bach, "On the impact of activation and
+References (docs/science.md): Joudaki, Daneshmand, Bach, "On the impact of activation and
 normalization in obtaining isometric embeddings at initialization", NeurIPS 2023 — Definition 3
 (β), Table 5.1 / B.1 (closed forms), Theorem 5.1 and App. A.2–A.4 (mean-field Gram dynamics,
 Daniely's dual activation).
@@ -23,12 +23,16 @@ Every expectation is over X ~ N(0, 1) of x ↦ σ(α·x), computed by quadrature
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from service.activations import ACTIVATION_NAMES, ACTIVATIONS, Activation
+from service.theory.firstlayer import SERIES_TERMS, SERIES_TOL, weight_variance_scale
 from service.theory.kappa import KAPPA_TOL, _dual_at_ends, _kappa_map, _kappa_map_cached
 from service.theory.meanfield import (
     cosine_gram,
+    gain_schedule,
     layer_gains,
     mean_field_gaps,
     mean_field_grams,
@@ -61,12 +65,15 @@ __all__ = [
     "GAIN_MAX",
     "GRAM_CELLS_MAX",
     "KAPPA_TOL",
+    "SERIES_TERMS",
+    "SERIES_TOL",
     "STAGES",
     "TERMS_MAX",
     "activation_summary",
     "clear_caches",
     "cosine_gram",
     "dual_activation",
+    "gain_schedule",
     "hermite_coefficients",
     "isometry_strength",
     "kappa",
@@ -77,6 +84,7 @@ __all__ = [
     "moments",
     "registry_summary",
     "unit_gram",
+    "weight_variance_scale",
 ]
 
 
@@ -172,7 +180,7 @@ def kappa(activation: str | Activation, gain: float, rho: np.ndarray | float) ->
 
 def activation_summary(
     name: str | Activation, gain: float = 1.0, terms: int = 20
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """JSON-ready facts about σ(gain·x): what the API and `isosweep theory` return."""
     act, a = _resolve(name), _check_gain(gain)
     return {

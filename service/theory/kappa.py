@@ -4,6 +4,7 @@ interpolation across layer gains (see service.theory)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -141,7 +142,7 @@ def _gain_family(act: Activation, lo: float, hi: float, m_max: int = 64):
         nodes = np.cos(np.pi * np.arange(m + 1) / m)
         pred = np.array([_barycentric(nodes, old_v, x) for x in np.cos(np.pi * odd / (2 * m))])
         err = float(np.abs(pred - new_v).sum(axis=1).max())
-        merged = [None] * (2 * m + 1)
+        merged: list[_KappaMap] = [maps[0]] * (2 * m + 1)  # every slot is set next
         merged[0::2], merged[1::2] = maps, new
         maps, m = merged, 2 * m
         if err <= 10 * KAPPA_TOL or m >= m_max:
@@ -159,7 +160,7 @@ def _gain_family(act: Activation, lo: float, hi: float, m_max: int = 64):
 _FAMILY_MIN = 48  # more distinct layer gains than this: interpolate κ in the gain
 
 
-def _kappa_maps(act: Activation, gains: np.ndarray):
+def _kappa_maps(act: Activation, gains: np.ndarray) -> Callable[[float], _KappaMap]:
     """α ↦ κ_α for the recursion: a map per distinct gain, or a gain family if there are many."""
     distinct = np.unique(gains)
     if act.homogeneous or distinct.size <= _FAMILY_MIN:

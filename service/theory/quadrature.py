@@ -184,31 +184,40 @@ def _get_moments(act: Activation, a: float) -> dict[str, float]:
 # ------------------------------------------------------------------------------ 2-D quadrature
 
 
-def _angle_cuts(act: Activation, a: float, theta: float) -> np.ndarray:
+def _angle_cuts(act: Activation, a: float, theta: float, b: float | None = None) -> np.ndarray:
     """Angles ψ ∈ [−π, π] where the integrand of the polar rule is not analytic.
 
     X = r cos ψ has its kink lines' direction at ψ = ±π/2, Y = r cos(ψ − θ) at θ ± π/2 (for a kink
-    at 0 these rays are the kink itself); two kink lines X = b/α, Y = b'/α meet at one point, whose
-    direction is a cut as well.
+    at 0 these rays are the kink itself); two kink lines X = t/α, Y = t'/β meet at one point, whose
+    direction is a cut as well. β = b is the gain of Y (default α).
     """
     cuts = [-np.pi, np.pi, np.pi / 2, -np.pi / 2, theta + np.pi / 2, theta - np.pi / 2]
-    ks = _kinks(act, a)
+    ks, ky = _kinks(act, a), _kinks(act, a if b is None else b)
     s, c = np.sin(theta), np.cos(theta)
     for bx in ks:
-        for by in ks:
+        for by in ky:
             if bx != 0 or by != 0:  # U = bx, V = (by − ρ·bx)/sin θ
                 cuts.append(math.atan2((by - c * bx) / s, bx))
-    cuts = (np.asarray(cuts) + np.pi) % (2 * np.pi) - np.pi
-    return np.unique(np.concatenate([cuts, [-np.pi, np.pi]]))
+    wrapped = (np.asarray(cuts) + np.pi) % (2 * np.pi) - np.pi
+    return np.unique(np.concatenate([wrapped, [-np.pi, np.pi]]))
 
 
-def _radial_rule(act: Activation, a: float, psi: np.ndarray, theta: float, R: float, h: float):
-    """Radial nodes r (A, M) and weights (A, M) on [0, R] for each angle, split at the kinks."""
-    ks = _kinks(act, a)
-    ks = ks[ks != 0]
+def _radial_rule(
+    act: Activation,
+    a: float,
+    psi: np.ndarray,
+    theta: float,
+    R: float,
+    h: float,
+    b: float | None = None,
+):
+    """Radial nodes r (A, M) and weights (A, M) on [0, R] for each angle, split at the kinks
+    (of σ(αX) and of σ(βY), β = b, default α)."""
+    ks, ky = _kinks(act, a), _kinks(act, a if b is None else b)
+    ks, ky = ks[ks != 0], ky[ky != 0]
     with np.errstate(divide="ignore"):
-        cross = np.concatenate(  # where each ray meets X = b/α and Y = b/α, (A, 2·#kinks)
-            [ks / np.cos(psi)[:, None], ks / np.cos(psi - theta)[:, None]], axis=1
+        cross = np.concatenate(  # where each ray meets X = t/α and Y = t/β, (A, 2·#kinks)
+            [ks / np.cos(psi)[:, None], ky / np.cos(psi - theta)[:, None]], axis=1
         )
     cross = np.where((cross > 0) & (cross < R), cross, R)
     zero, end = np.zeros((psi.size, 1)), np.full((psi.size, 1), R)
@@ -222,22 +231,35 @@ def _radial_rule(act: Activation, a: float, psi: np.ndarray, theta: float, R: fl
     return r.reshape(psi.size, -1), w.reshape(psi.size, -1)
 
 
-def _dual_direct(act: Activation, a: float, mean: float, theta: float, R: float) -> float:
+def _dual_direct(
+    act: Activation,
+    a: float,
+    mean: float,
+    theta: float,
+    R: float,
+    b: float | None = None,
+    mean_b: float | None = None,
+) -> float:
     """σ̄(cos θ) = E[(σ(αX) − m)(σ(αY) − m)], corr(X, Y) = cos θ, θ ∈ (0, π), over r ≤ R.
 
     Polar coordinates of (U, V) iid N(0, 1): X = U = r cos ψ, Y = ρU + √(1−ρ²)V = r cos(ψ − θ),
-    and E f = (1/2π) ∫dψ ∫ r e^{−r²/2} f dr.
+    and E f = (1/2π) ∫dψ ∫ r e^{−r²/2} f dr. With b (and mean_b = E σ(bY)), Y's factor is
+    σ(bY) − mean_b instead: the cross-gain dual of the first mean-field layer (inputs of
+    different norms); R must then cover both gains.
     """
-    h = min(_HR, _HR * 2.0 / a)
+    if b is None:
+        b, mean_b = a, mean
+    top = max(a, b)
+    h = min(_HR, _HR * 2.0 / top)
     # A kink off 0 crosses each ray at r = b/cos ψ, which leaves through r = ∞ at ψ = ±π/2: the
     # angular integrand is smooth but not analytic there (e^{−b²/2cos²ψ}); 3× finer panels keep
     # 1e-15 (measured on max(x − ½, 0), clip(x, −1, 1), clip(x/4 + ½, 0, 1)).
     ha = _HA if not np.any(_kinks(act, a)) else _HA / 3
-    psi, wpsi = _composite_cuts(_angle_cuts(act, a, theta), min(ha, ha * 2.0 / (a * R)))
-    r, wr = _radial_rule(act, a, psi, theta, R, h)  # (A, M)
+    psi, wpsi = _composite_cuts(_angle_cuts(act, a, theta, b), min(ha, ha * 2.0 / (top * R)))
+    r, wr = _radial_rule(act, a, psi, theta, R, h, b)  # (A, M)
     g = np.exp(-(r**2) / 4)  # split the Gaussian between the factors: e^{αx} may be huge
     fx = (_sigma(act, a, r * np.cos(psi)[:, None]) - mean) * g  # (A, M)
-    fy = (_sigma(act, a, r * np.cos(psi - theta)[:, None]) - mean) * g
+    fy = (_sigma(act, b, r * np.cos(psi - theta)[:, None]) - mean_b) * g
     radial = (wr * r * fx * fy).sum(axis=1)  # (A,)
     return float(radial @ wpsi) / (2 * np.pi)
 

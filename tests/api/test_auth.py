@@ -1,5 +1,6 @@
-"""The bearer token on mutating requests (401 without, 2xx with; reads stay open) and the
-request body limit (413, declared or streamed). SQLite only: neither depends on the backend."""
+"""The bearer token (401 without, 2xx with; on reads too unless `open_reads`) and the request
+body limit (413, declared or streamed). SQLite only: neither depends on the backend.
+tests/api/test_security.py covers reads, the dashboard's login and cross-origin requests."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ def test_without_a_configured_token_writes_are_open(start_api):
     assert "securitySchemes" not in api.client.get(f"{api.url}/openapi.json").json()["components"]
 
 
-def test_token_required_on_writes_only(start_api):
-    api = start_api(api_token=TOKEN)
+def test_token_required_on_writes(start_api):
+    api = start_api(api_token=TOKEN, open_reads=True)
     wrong = ["", "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x", "Bearer", TOKEN]
     for header in wrong:
         headers = {"Authorization": header} if header else {}
@@ -33,16 +34,19 @@ def test_token_required_on_writes_only(start_api):
     sid = r.json()["id"]
     assert api.post(f"/sweeps/{sid}/cancel").status_code == 401
     assert api.post(f"/sweeps/{sid}/cancel", headers=good).status_code == 200
-    assert api.get(f"/sweeps/{sid}").status_code == 200  # reads need no token
+    assert api.get(f"/sweeps/{sid}").status_code == 200  # open reads need no token
     assert api.get("/healthz").status_code == 200
 
 
-def test_openapi_declares_bearer_security_on_writes_when_a_token_is_set(start_api):
-    api = start_api(api_token=TOKEN)
-    doc = api.client.get(f"{api.url}/openapi.json").json()
-    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
-    assert doc["paths"]["/api/v1/sweeps"]["post"]["security"] == [{"bearer": []}]
-    assert "security" not in doc["paths"]["/api/v1/sweeps"]["get"]
+def test_openapi_declares_bearer_security_where_a_token_is_needed(start_api):
+    for open_reads in (False, True):
+        api = start_api(api_token=TOKEN, open_reads=open_reads)
+        doc = api.client.get(f"{api.url}/openapi.json").json()
+        assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+        paths = doc["paths"]
+        assert paths["/api/v1/sweeps"]["post"]["security"] == [{"bearer": []}]
+        assert ("security" in paths["/api/v1/sweeps"]["get"]) is not open_reads
+        assert "security" not in paths["/api/v1/healthz"]["get"]  # probes need no token
 
 
 def test_body_over_the_limit_is_413_declared_or_streamed(start_api):

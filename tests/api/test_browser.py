@@ -164,7 +164,7 @@ def test_a_running_sweep_updates_in_place(api, tab, browser, artifacts_dir):
 
 
 def test_cancel_from_the_page_with_the_token(start_api, tab):
-    api = start_api(api_token="s3cret")
+    api = start_api(api_token="s3cret", open_reads=True)  # the page asks for it on cancel
     s = submit(api, spec("stop-me", seeds=1), token="s3cret")
     tab.on("dialog", lambda d: d.accept())
     tab.goto(f"{api.url}/sweeps/{s['id']}")

@@ -9,7 +9,7 @@ import time
 import pytest
 from api_support import fill, record, spec
 
-from api.routes.cache import SingleFlightCache, sweep_version
+from api.cache import SingleFlightCache, sweep_version
 
 
 def _wait_for(predicate, timeout_s: float = 10.0) -> None:
@@ -77,6 +77,26 @@ def test_entries_expire_unless_final():
     assert cache.get("a", lambda: next(n)) == 1
     assert cache.get("b", lambda: next(n), final=True) == 2
     assert cache.get("b", lambda: next(n), final=True) == 2
+
+
+def test_peek_tells_a_hit_a_flight_and_a_miss_without_computing():
+    cache = SingleFlightCache(ttl_s=60)
+    assert cache.peek("k") == ("miss", None)
+    release = threading.Event()
+    value = object()
+    owner = threading.Thread(target=cache.get, args=("k", lambda: release.wait(10) and value))
+    owner.start()
+    _wait_for(lambda: cache.peek("k")[0] == "flight")
+    state, flight = cache.peek("k")
+    assert state == "flight" and not flight.done()
+    release.set()
+    assert flight.result(10) is value  # a waiter gets the owner's value from the flight
+    owner.join(10)
+    assert cache.peek("k") == ("hit", value)
+    cache.get("f", lambda: value, final=True)
+    cache.ttl_s = 0.0  # everything not final is stale now
+    assert cache.peek("k") == ("miss", None)  # and peek computed nothing
+    assert cache.peek("f") == ("hit", value)  # final entries never expire
 
 
 def test_the_byte_bound_evicts_least_recently_used():

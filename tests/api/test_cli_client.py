@@ -225,7 +225,8 @@ def test_a_wrong_or_missing_token_is_refused_in_red(start_api):
     assert not api.store.get_sweep(s["id"]).cancel_requested
     assert cli(api, "cancel", s["id"], token="s3cret").returncode == 0
     assert api.store.get_sweep(s["id"]).cancel_requested
-    assert cli(api, "status").returncode == 0  # reads need no token
+    failed_red(cli(api, "status"), "HTTP 401")  # reads need the token too
+    assert cli(api, "status", token="s3cret").returncode == 0
 
 
 def test_an_unreachable_server_is_named_in_red(api):

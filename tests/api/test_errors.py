@@ -7,7 +7,15 @@ import httpx
 import pytest
 
 from api.app import create_app
-from api.errors import STATUS, BodyTooLarge, error_response, status_of, validation_body
+from api.errors import (
+    STATUS,
+    BodyTooLarge,
+    error_body,
+    error_response,
+    status_of,
+    validation_body,
+)
+from api.schemas import NonFiniteJSONResponse
 from api.server import ServerThread
 from service.errors import (
     Conflict,
@@ -127,3 +135,95 @@ def test_an_unreachable_database_is_503(served):
         assert h.json()["database"]["error"]
     finally:
         store.close()
+
+
+# --- no input gives a 500 -----------------------------------------------------------------------
+
+BIG = "9" * 5000  # over Python's 4300-digit limit on int(str)
+
+
+DASHBOARD = {"/": [], "/sweeps/{sweep_id}": [], "/trials/{trial_id}": [], "/login": ["next"]}
+
+
+def _get_routes(app):
+    """(path template, query parameter names) of every GET operation, and the dashboard's."""
+    for path, ops in app.openapi()["paths"].items():
+        if "get" in ops:
+            yield path, [p["name"] for p in ops["get"].get("parameters", []) if p["in"] == "query"]
+    yield from DASHBOARD.items()
+
+
+def test_no_route_answers_500_to_a_5000_digit_integer(start_api):
+    from api_support import fill, spec
+
+    api = start_api()
+    sid = api.post("/sweeps", json=spec("x", seeds=1)).json()["id"]
+    fill(api, sid)
+    app = create_app(api.settings, store=api.store)
+    dashboard = {"page", "sort", "dir", "status", "kind", "metric", "epoch", "depth", "seed"}
+    checked = 0
+    for path, names in _get_routes(app):
+        ids = {"sweep_id": sid, "trial_id": 1, "kind": "layer_profile", "name": "tanh"}
+        urls = [path.format(**{k: BIG for k in ids})]  # every path parameter huge
+        for name in {*names, *dashboard, "epoch", "limit"}:  # then each query parameter
+            urls.append(path.format(**ids) + f"?{name}={BIG}")
+        for url in urls:
+            r = api.client.get(f"{api.url}{url}")
+            assert r.status_code < 500, (url[:80], r.text[:200])
+            checked += 1
+    assert checked > 50
+
+
+def test_a_5000_digit_integer_in_a_body_is_a_422(api):
+    for body, media in (
+        (f'{{"name": "x", "priority": {BIG}}}', "application/json"),
+        (f"name: x\npriority: {BIG}\n", "application/yaml"),
+        (f'{{"name": "x", "parameters": {{"depth": [-{BIG}]}}}}', "application/json"),
+    ):
+        r = api.post("/sweeps", content=body, headers={"Content-Type": media})
+        assert r.status_code == 422, (media, r.text[:200])
+        assert "digits" in r.json()["error"]["message"]
+
+
+def test_error_rendering_survives_unpaired_surrogates(api):
+    bodies = [
+        '{"name": "x", "parameters": {"\\udc00": 1}}',
+        '{"name": "x", "\\ud800x": 1}',
+        '{"name": "x", "parameters": {"init": "\\udfff"}}',
+    ]
+    for body in bodies:
+        r = api.post("/sweeps", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (body, r.text[:200])
+        err = r.json()["error"]
+        assert err["type"] == "invalid_input" and err["field"]
+    body = error_body("invalid_input", "bad \udc00", field="a\ud800", allowed=["\udfff"])
+    NonFiniteJSONResponse(body).body.decode("utf-8")  # renders
+
+
+def test_error_bodies_are_capped_with_a_count(api):
+    errors = [
+        {"loc": ("body", "tags", i), "msg": "Input should be a valid string"} for i in range(10_000)
+    ]
+    message = validation_body(errors)["error"]["message"]
+    assert len(message) < 2000 and "9990 more errors" in message
+    body = {"name": "x", "tags": list(range(110_000))}  # a 660 KB list of non-strings
+    r = api.post("/sweeps", json=body)
+    assert r.status_code == 422
+    assert len(r.content) < 4000, len(r.content)  # was 4.8 MB: every item's error
+    assert r.json()["error"]["field"] == "body" and "values" in r.text
+    r = api.post("/sweeps", json={"name": "x", "tags": list(range(5000))})  # under that bound
+    assert r.status_code == 422 and len(r.content) < 4000
+    assert r.json()["error"]["field"] == "tags" and "at most 100" in r.text
+
+
+def test_duplicate_keys_and_lax_values_in_a_json_body_are_422(api):
+    for body in (
+        '{"name": "x", "name": "y"}',  # was 201 named "y"
+        '{"name": "x", "parameters": {"depth": 2, "depth": 3}}',
+        '{"name": "x", "parameters": {"depth": true}}',  # was read as depth 1
+        '{"name": "x", "rerun": "yes"}',  # was read as true
+        '{"name": "x", "parameters": {"lr": NaN}}',
+    ):
+        r = api.post("/sweeps", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (body, r.text)
+    assert api.get("/sweeps").json()["count"] == 0

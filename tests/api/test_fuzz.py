@@ -35,7 +35,11 @@ CHECKS = [
 LIMITS = {"max_trials_per_sweep": 24, "max_points": 50_000, "max_body_bytes": 20_000}
 # The app is built once, without a store: `wired` plugs in a fresh, filled one for each test.
 # (Loading the schema runs the app's lifespan, which opens its own store: keep it in memory.)
-APP = create_app(Settings(database_url="sqlite:///:memory:", **LIMITS))
+# Schemathesis calls the app as Host "testserver": allowed here (the live server's loopback
+# names are the default).
+APP = create_app(
+    Settings(database_url="sqlite:///:memory:", allowed_hosts=["testserver"], **LIMITS)
+)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 

@@ -335,7 +335,7 @@ def test_nonfinite_values_round_trip_through_csv_and_parquet(api):
 
 
 def test_csv_streams_in_chunks_and_keeps_every_row(api, monkeypatch):
-    import api.routes.tables as tables
+    import api.tables as tables
 
     s = submit(api, spec(depth=[2, 3], seeds=2))
     fill(api, s["id"])

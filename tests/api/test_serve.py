@@ -1,6 +1,8 @@
 """`isosweep serve`: starts over a real port, answers, stops cleanly on SIGTERM/SIGINT, submits
-the demo once; its runner child is started with the agreed command and always stopped; and the
-API process never imports torch or Ray."""
+the demo once; refuses to serve beyond loopback without a token unless told to serve open; its
+runner child is started with the agreed command, restarted when it dies (healthz not ok
+meanwhile), and always stopped, Ray's processes included; and the API process never imports
+torch or Ray."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import TINY
 
-from api.cli import serve
+from api.cli import serve, supervise
 from api.cli.common import CommandError
-from service.spec import load_spec
+from service.settings import Settings
+from service.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,25 +46,25 @@ def test_runner_is_started_with_the_agreed_command(monkeypatch):
     class FakePopen:
         pid = 4242
 
-        def __init__(self, cmd, env=None):
-            seen["cmd"], seen["env"] = cmd, env
-
-        def wait(self, timeout=None):
-            return 0
+        def __init__(self, cmd, env=None, start_new_session=False):
+            seen["cmd"], seen["env"], seen["session"] = cmd, env, start_new_session
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     monkeypatch.setenv("ISOSWEEP_RUNNER_LEASE_S", "30")
     url = "postgresql+psycopg://user:s3cret@db:5432/isosweep"
-    serve.start_runner(url)
+    supervisor = supervise.RunnerSupervisor(url)
+    supervisor._spawn()  # the start, without the watch thread
     # The URL travels in the environment: a password on the command line shows in `ps`.
     assert seen["cmd"] == [sys.executable, "-m", "api.cli.main", "runner"]
     assert seen["env"]["ISOSWEEP_DATABASE_URL"] == url
     assert seen["env"]["ISOSWEEP_RUNNER_LEASE_S"] == "30"  # the rest of serve's environment
+    assert seen["session"]  # its own session: Ray's processes can be found and stopped with it
+    status = supervisor.status()
+    assert (status["state"], status["ok"], status["pid"]) == ("running", True, 4242)
+    assert status["runner_id"] == f"{socket.gethostname()}:4242"  # workers.runner's default
 
 
 def test_the_banner_hides_the_database_password(capsys):
-    from service.settings import Settings
-
     url = "postgresql+psycopg://user:s3cret@db:5432/isosweep"
     serve.announce(Settings(database_url=url), None)
     shown = capsys.readouterr().out
@@ -79,10 +83,114 @@ def _child(ignore_term: bool) -> subprocess.Popen:
 
 
 def test_stop_runner_terminates_then_kills():
-    assert serve.stop_runner(_child(ignore_term=False), grace_s=10) == -signal.SIGTERM
+    assert supervise.terminate(_child(ignore_term=False), grace_s=10) == -signal.SIGTERM
     stubborn = _child(ignore_term=True)
-    assert serve.stop_runner(stubborn, grace_s=0.5) == -signal.SIGKILL
+    assert supervise.terminate(stubborn, grace_s=0.5) == -signal.SIGKILL
     assert stubborn.poll() is not None
+
+
+def test_kill_session_leaves_no_process_of_the_session():
+    """A session leader that dies leaves its children running (re-parented), as a SIGKILLed
+    runner leaves Ray's; kill_session finds them through /proc and kills them."""
+    code = (
+        "import subprocess, sys, time\n"
+        "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+        " for _ in range(2)]\n"
+        "print(' '.join(str(k.pid) for k in kids), flush=True)\ntime.sleep(60)\n"
+    )
+    leader = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    kids = [int(p) for p in leader.stdout.readline().split()]
+    leader.kill()
+    leader.wait()
+    assert set(supervise.session_pids(leader.pid)) == set(kids)  # orphaned, alive
+    assert set(supervise.kill_session(leader.pid)) == set(kids)
+    assert supervise.session_pids(leader.pid) == []
+
+
+CLAIM_AND_DIE = (
+    "import os, socket, sys\n"
+    "from service.store import Store\n"
+    "store = Store(os.environ['ISOSWEEP_DATABASE_URL'])\n"
+    "store.claim_sweep(f'{socket.gethostname()}:{os.getpid()}', 600.0)\n"
+    "os._exit(3)\n"
+)
+
+
+@pytest.mark.slow
+def test_a_dying_runner_is_restarted_with_back_off_and_its_sweep_released(sqlite_url):
+    """A runner that claims a sweep (as host:pid, with a 10-minute lease) and dies at once: the
+    supervisor releases the sweep, reports it restarting, and starts it again later each time."""
+    from service.store import Store
+
+    with Store(sqlite_url) as store:
+        spec = {"name": "held", "parameters": {"depth": 2, "epochs": 1, **TINY}}
+        sweep = store.create_sweep(parse_spec(spec))
+        sup = supervise.RunnerSupervisor(
+            sqlite_url, store=store, command=[sys.executable, "-c", CLAIM_AND_DIE],
+            backoff_s=0.3, max_backoff_s=1.2, stable_s=3600.0, grace_s=5.0,
+        )  # fmt: skip
+        seen, released = [], []
+        try:
+            sup.start()
+            deadline = time.monotonic() + 60
+            while len(seen) < 4 and time.monotonic() < deadline:
+                st = sup.status()
+                if st["state"] == "restarting" and st["restarts"] not in [r for r, _ in seen]:
+                    seen.append((st["restarts"], st["next_start_in_s"]))
+                    released.append(released_before_restart(store, sweep.id, sup))
+                time.sleep(0.01)
+        finally:
+            sup.stop()
+        assert [delay for _, delay in seen] == [0.3, 0.6, 1.2, 1.2]  # doubled, capped
+        assert released == [True] * 4  # each time, before the next runner started
+        final = sup.status()
+        assert (final["state"], final["ok"], final["last_exit_code"]) == ("stopped", False, 3)
+        assert store.get_sweep(sweep.id).status == "queued"
+
+
+def released_before_restart(store, sweep_id: int, sup) -> bool:
+    """Whether the sweep is back in the queue, unheld, before the supervisor starts again."""
+    while sup.status()["state"] == "restarting":
+        info = store.get_sweep(sweep_id)
+        if (info.status, info.runner_id) == ("queued", None):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("127.1.2.3", True), ("localhost", True), ("::1", True),
+     ("[::1]", True), ("0.0.0.0", False), ("::", False), ("10.0.0.5", False),
+     ("lab.example.org", False), ("", False)],
+)  # fmt: skip
+def test_loopback_addresses(host, loopback):
+    assert serve.is_loopback(host) is loopback
+
+
+def test_serving_beyond_loopback_needs_a_token_or_allow_open():
+    serve.check_open(Settings(host="127.0.0.1"))  # loopback: no token needed
+    serve.check_open(Settings(host="0.0.0.0", api_token="t0ken"))
+    serve.check_open(Settings(host="0.0.0.0", allow_open=True))
+    with pytest.raises(CommandError, match=r"ISOSWEEP_API_TOKEN.*--allow-open"):
+        serve.check_open(Settings(host="0.0.0.0"))
+    with pytest.raises(CommandError, match=r"refusing to serve 10\.1\.2\.3 without a token"):
+        serve.check_open(Settings(host="10.1.2.3", api_token=""))  # "" is no token
+
+
+def test_serve_on_an_open_address_without_a_token_refuses_to_start(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("ISOSWEEP_API_TOKEN",
+           "ISOSWEEP_ALLOW_OPEN")}  # fmt: skip
+    cmd = [sys.executable, "-m", "api.cli.main", "serve", "--no-runner", "--host", "0.0.0.0"]
+    cmd += ["--port", str(free_port()), "--database-url", f"sqlite:///{tmp_path / 'o.db'}"]
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve started on 0.0.0.0 with no token")
+    assert r.returncode != 0 and "refusing to serve 0.0.0.0 without a token" in r.stderr
+    assert not (tmp_path / "o.db").exists()  # refused before anything was opened
 
 
 def test_a_taken_port_fails_before_anything_starts():
@@ -142,6 +250,110 @@ def test_serve_answers_and_stops_cleanly(tmp_path):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 0
     assert "already submitted" in proc.stdout.read()
+
+
+def _serve_with_runner(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "api.cli.main", "serve", "--port", str(port)]
+    cmd += ["--database-url", f"sqlite:///{tmp_path / 'serve.db'}"]
+    env = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}/api/v1"
+
+
+def _health(base: str) -> tuple[int, dict]:
+    try:
+        r = httpx.get(f"{base}/healthz", timeout=5)
+    except httpx.TransportError:
+        return 0, {}
+    return r.status_code, r.json()
+
+
+def _until(what: str, condition, timeout_s: float = 120.0, proc=None):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if (got := condition()) is not None:
+            return got
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"serve exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def ray_processes(sid: int) -> list[str]:
+    """The names of the live processes of session `sid` (the runner's) that are Ray's."""
+    names = []
+    for pid in supervise.session_pids(sid):
+        try:
+            name = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if any(k in name for k in ("raylet", "gcs_server", "ray::", "ray/", "dashboard")):
+            names.append(name[:80])
+    return names
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_serve_restarts_a_killed_runner_and_leaves_no_ray_process(tmp_path):
+    proc, base = _serve_with_runner(tmp_path)
+    first: dict = {}
+    again: dict = {}
+    try:
+        spec = {"name": "long", "parameters": {"depth": 2, "epochs": 400, **TINY}}
+        sweep = _until("the API", lambda: _post(base, spec), proc=proc)
+        first = _until("the runner to run the sweep", lambda: _driving(base, sweep), proc=proc)
+        before = ray_processes(first["pid"])
+        assert any("raylet" in n for n in before), before  # Ray's processes are in its session
+        os.kill(first["pid"], signal.SIGKILL)
+
+        # not ok while it is down: the dead runner is reported, never "ok"
+        down = _until("healthz to report the dead runner", lambda: _down(base), proc=proc)
+        assert down["runner"]["state"] == "restarting"
+        assert down["runner"]["last_exit_code"] == -signal.SIGKILL
+        again = _until("the restart", lambda: _restarted(base, first["pid"]), proc=proc)
+        assert again["restarts"] == 1 and again["pid"] != first["pid"]
+        assert supervise.session_pids(first["pid"]) == []  # nothing of the dead one is left
+        # its sweep was released: the new runner resumes it well within the 60 s lease
+        resumed = _until("the resume", lambda: _driving(base, sweep), 45, proc=proc)
+        assert resumed["runner_id"] == again["runner_id"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    log = (tmp_path / "serve.log").read_text()
+    assert code == 0, log[-3000:]
+    assert "exited with code -9; restarting it" in log
+    for pid in (first["pid"], again["pid"]):  # serve stopped: no runner process is left
+        assert supervise.session_pids(pid) == [], ray_processes(pid)
+
+
+def _post(base: str, spec: dict) -> dict | None:
+    try:
+        return httpx.post(f"{base}/sweeps", json=spec, timeout=10).json()
+    except httpx.TransportError:
+        return None
+
+
+def _driving(base: str, sweep: dict) -> dict | None:
+    """The runner's health once it holds the sweep and its trial has recorded an epoch."""
+    code, health = _health(base)
+    info = httpx.get(f"{base}/sweeps/{sweep['id']}", timeout=5).json()
+    runner = health.get("runner") or {}
+    mine = code == 200 and info["runner_id"] == runner.get("runner_id")
+    return runner if mine and info["progress"] > 0 else None
+
+
+def _down(base: str) -> dict | None:
+    code, health = _health(base)
+    return health if code == 503 and health["status"] == "degraded" else None
+
+
+def _restarted(base: str, old_pid: int) -> dict | None:
+    code, health = _health(base)
+    runner = health.get("runner") or {}
+    return runner if code == 200 and runner.get("pid") not in (None, old_pid) else None
 
 
 NO_TORCH = textwrap.dedent(

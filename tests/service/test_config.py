@@ -1,9 +1,22 @@
-"""service.config: names derived from one source (the datasets, the keys of an epoch record)."""
+"""service.config: names derived from one source (the datasets, the keys of an epoch record),
+the trial options and their validation, Adam's momentum normalized away."""
+
+import math
 
 import pytest
 
-from service.config import DATASET_SHAPES, METRICS, RECORD_KEYS, TrialConfig, parse_trial_config
+from service.config import (
+    CONFIG_FIELDS,
+    DATASET_SHAPES,
+    METRICS,
+    RECORD_KEYS,
+    TrialConfig,
+    config_hash,
+    estimate_memory_bytes,
+    parse_trial_config,
+)
 from service.errors import InvalidInput
+from service.spec import expand, parse_spec
 
 
 def test_datasets_are_the_keys_of_dataset_shapes():
@@ -16,5 +29,154 @@ def test_datasets_are_the_keys_of_dataset_shapes():
 
 
 def test_record_keys_are_not_metrics():
-    assert RECORD_KEYS == ("epoch", "diverged", "input_gram")
+    assert RECORD_KEYS == ("epoch", "diverged", "input_gram", "input_moments")
     assert not set(RECORD_KEYS) & set(METRICS)
+
+
+# --- the options of issue 9 ---------------------------------------------------------------------
+
+
+def test_new_fields_and_their_defaults():
+    c = TrialConfig()
+    assert (c.dtype, c.norm_eps, c.bias_init, c.head_init) == ("float32", 1e-5, "zero", None)
+    assert (c.orthogonal_gain, c.input_norm, c.spectra, c.jacobian_samples) == (
+        True,
+        "none",
+        False,
+        0,
+    )
+    assert CONFIG_FIELDS[-8:] == (
+        "dtype",
+        "norm_eps",
+        "bias_init",
+        "head_init",
+        "orthogonal_gain",
+        "input_norm",
+        "spectra",
+        "jacobian_samples",
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("dtype", "float16", "'float32' or 'float64'"),
+        ("norm_eps", -1e-5, "greater than or equal to 0"),
+        ("norm_eps", math.inf, "finite"),
+        ("bias_init", "uniform", "'zero' or 'torch'"),
+        ("head_init", "he", "'orthogonal'"),
+        ("input_norm", "l2", "'none' or 'unit_rms'"),
+        ("jacobian_samples", -1, "greater than or equal to 0"),
+    ],
+)
+def test_bad_values_name_the_field(field, value, says):
+    with pytest.raises(InvalidInput) as exc:
+        parse_trial_config({field: value})
+    assert exc.value.field == field and says in exc.value.message
+
+
+def test_senseless_combinations_are_refused_with_the_intent():
+    with pytest.raises(InvalidInput, match="bias_init: 'torch' needs bias=true") as exc:
+        parse_trial_config({"bias_init": "torch"})
+    assert exc.value.field == "bias_init"
+    assert TrialConfig(bias=True, bias_init="torch").bias_init == "torch"
+    with pytest.raises(InvalidInput, match="101 exceeds the probe batch") as exc:
+        parse_trial_config({"jacobian_samples": 101})
+    assert exc.value.field == "jacobian_samples"
+    assert TrialConfig(jacobian_samples=100).jacobian_samples == 100
+
+
+def test_adam_momentum_is_normalized_to_zero_so_equal_trials_hash_equal():
+    """The filed defect: an optimizer × momentum sweep made Adam trials with distinct hashes
+    that Adam (which has no momentum) trains identically — fake replicates."""
+    a, b = TrialConfig(optimizer="adam", momentum=0.9), TrialConfig(optimizer="adam")
+    assert a.momentum == 0.0 and a == b and config_hash(a) == config_hash(b)
+    assert a.to_dict()["momentum"] == 0.0
+    sgd = TrialConfig(optimizer="sgd", momentum=0.9)
+    assert sgd.momentum == 0.9 and config_hash(sgd) != config_hash(TrialConfig())
+    with pytest.raises(InvalidInput, match="momentum"):  # still validated first
+        parse_trial_config({"optimizer": "adam", "momentum": 1.5})
+
+
+def test_optimizer_by_momentum_sweep_gives_adam_one_trial_per_seed():
+    spec = parse_spec(
+        {
+            "name": "m",
+            "parameters": {"optimizer": ["sgd", "adam"], "momentum": [0, 0.9]},
+            "seeds": 2,
+        }
+    )
+    trials = expand(spec)
+    assert spec.n_trials == 8  # the product: an upper bound
+    assert [(t.optimizer, t.momentum, t.seed) for t in trials] == [
+        ("sgd", 0.0, 0),
+        ("sgd", 0.0, 1),
+        ("sgd", 0.9, 0),
+        ("sgd", 0.9, 1),
+        ("adam", 0.0, 0),
+        ("adam", 0.0, 1),
+    ]
+    assert len({config_hash(t) for t in trials}) == 6
+
+
+def test_sweep_of_adam_momenta_stores_one_trial_per_seed(tmp_path):
+    from service.store import Store
+
+    spec = parse_spec(
+        {"name": "m", "parameters": {"optimizer": "adam", "momentum": [0, 0.5, 0.9]}, "seeds": 2}
+    )
+    with Store(f"sqlite:///{tmp_path / 'db.sqlite'}") as store:
+        info = store.create_sweep(spec)
+        assert info.n_trials == 2
+        again = store.create_sweep(spec)  # nothing finished yet: queued again, not reused
+        assert again.n_trials == 2
+
+
+def test_float64_doubles_the_network_part_of_the_memory_estimate():
+    c32, c64 = TrialConfig(depth=50), TrialConfig(depth=50, dtype="float64")
+    measure = 8 * 50 * 4 * 100 * 100  # float64 Grams either way
+    assert estimate_memory_bytes(c64) - measure == 2 * (estimate_memory_bytes(c32) - measure)
+
+
+def test_migration_0002_keeps_trials_written_before_it_valid(database_url):
+    """A database at revision 0001 with a trial in it: after upgrading, the trial's new columns
+    and its stored config hold the fields' defaults, so filters and reads see what it ran."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine, text
+
+    from service.store import Store
+    from service.store.engine import MIGRATIONS
+
+    old = {k: v for k, v in TrialConfig(depth=2).to_dict().items() if k in CONFIG_FIELDS[:-8]}
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+        conn.execute(
+            text(
+                "INSERT INTO sweeps (id, name, tags, spec, status, priority, cancel_requested,"
+                " created_at) VALUES (1, 's', '[]', '{}', 'completed', 0, false, :now)"
+            ),
+            {"now": "2025-01-01 00:00:00"},
+        )
+        columns = ", ".join(f'"{k}"' for k in old)
+        values = ", ".join(f":{k}" for k in old)
+        conn.execute(
+            text(
+                'INSERT INTO trials (id, sweep_id, "index", config, config_hash, status, attempts,'
+                f" epochs_done, epochs_total, {columns}) VALUES (1, 1, 0, :config, 'h',"
+                f" 'completed', 1, 0, 11, {values})"
+            ),
+            {**old, "config": __import__("json").dumps(old)},
+        )
+    engine.dispose()
+    with Store(database_url) as store:
+        trial = store.get_trial(1)
+        assert trial.config == TrialConfig(depth=2).to_dict()
+        for where in ({"dtype": "float32"}, {"norm_eps": 1e-5}, {"head_init": None},
+                      {"orthogonal_gain": True}, {"jacobian_samples": 0}):  # fmt: skip
+            assert store.list_trials(1, where=where)[1] == 1, where
+        assert store.list_trials(1, where={"dtype": "float64"})[1] == 0

@@ -72,7 +72,16 @@ OTHER_VALUE = {
     "eval_norm": "batch",
     "record_every": 2,
     "seed": 1,
+    "dtype": "float64",
+    "norm_eps": 0.0,
+    "bias_init": "torch",
+    "head_init": "xavier",
+    "orthogonal_gain": False,
+    "input_norm": "unit_rms",
+    "spectra": True,
+    "jacobian_samples": 3,
 }
+NEEDS = {"bias_init": {"bias": True}}  # what a field's other value needs besides itself
 
 
 def test_hash_depends_on_every_field_and_not_on_key_order():
@@ -85,7 +94,7 @@ def test_hash_depends_on_every_field_and_not_on_key_order():
     default = TrialConfig()
     hashes = {config_hash(default)}
     for field in CONFIG_FIELDS:
-        changed = parse_trial_config({field: OTHER_VALUE[field]})
+        changed = parse_trial_config({**NEEDS.get(field, {}), field: OTHER_VALUE[field]})
         assert getattr(changed, field) != getattr(default, field), field
         assert config_hash(changed) not in hashes, field  # differs from the default and the rest
         hashes.add(config_hash(changed))

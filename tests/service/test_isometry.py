@@ -1,11 +1,19 @@
-"""The isometry gap's definition (SCIENCE.md; Joudaki et al. 2023, Sec. 3 and Theorem 1)."""
+"""The isometry gap's definition (docs/science.md; Joudaki et al. 2023, Sec. 3 and Theorem 1)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from service.isometry import gram_of, isometry, isometry_gap
+from service.isometry import (
+    centred_basis,
+    gap_from_eigenvalues,
+    gap_from_singular_values,
+    gap_of_features,
+    gram_of,
+    isometry,
+    isometry_gap,
+)
 
 
 def _random_gram(rng, n=6, d=9):
@@ -118,3 +126,63 @@ def test_theorem_1_holds_for_trained_like_non_gaussian_rows():
     gap_gain = isometry_gap(gram_of(H)) - isometry_gap(gram_of(H / a[:, None]))
     assert gap_gain == pytest.approx(math.log(np.mean(a**2)) - np.mean(np.log(a**2)), rel=1e-9)
     assert gap_gain > 0
+
+
+# --- the definition with an explicit structural null dimension -----------------------------------
+
+
+def test_gap_from_eigenvalues_drops_the_structural_null_dimension():
+    lam = np.array([4.0, 1.0, 1e-300, 0.0])
+    assert gap_from_eigenvalues(lam) == math.inf  # an exact zero
+    assert gap_from_eigenvalues(lam, null_dim=1) == pytest.approx(
+        math.log((5 + 1e-300) / 3) - math.log(4e-300) / 3, rel=1e-12
+    )  # tiny but non-zero: finite, however small
+    assert gap_from_eigenvalues(lam, null_dim=2) == pytest.approx(math.log(2.5) - math.log(2.0))
+    assert gap_from_eigenvalues(lam[::-1], null_dim=2) == gap_from_eigenvalues(lam, null_dim=2)
+    assert gap_from_eigenvalues(lam, null_dim=4) == math.inf  # nothing left
+    assert math.isnan(gap_from_eigenvalues(np.array([1.0, np.nan])))
+    with pytest.raises(ValueError, match="null_dim"):
+        gap_from_eigenvalues(lam, null_dim=5)
+    stack = gap_from_eigenvalues(np.stack([lam, lam]), null_dim=2)
+    assert stack.shape == (2,)
+
+
+def test_ill_conditioned_spectra_stay_finite_and_exact():
+    """λ_min/λ_max = 1e-30: far below any rounding tolerance, and the definition does not care."""
+    lam = np.logspace(0, -30, 100)
+    want = math.log(lam.mean()) - np.log(lam).mean()
+    assert gap_from_eigenvalues(lam) == pytest.approx(want, rel=1e-14)
+    assert gap_from_singular_values(np.sqrt(lam)) == pytest.approx(want, rel=1e-12)
+
+
+def test_centred_basis_is_an_orthonormal_basis_of_ones_complement():
+    for n in (1, 2, 7, 100):
+        Q = centred_basis(n)
+        assert Q.shape == (n, n - 1)
+        np.testing.assert_allclose(Q.T @ Q, np.eye(n - 1), atol=1e-14)
+        np.testing.assert_allclose(np.ones(n) @ Q, 0.0, atol=1e-13)
+
+
+def test_gap_of_features_uses_singular_values_and_the_structure():
+    rng = np.random.default_rng(6)
+    H = rng.standard_normal((6, 9))
+    lam = np.linalg.eigvalsh(gram_of(H))
+    assert gap_of_features(H) == pytest.approx(gap_from_eigenvalues(lam), rel=1e-12)
+    C = H - H.mean(axis=0)  # batch-centred: G·1 = 0
+    assert gap_of_features(C, ones_in_null=True) == math.inf
+    # range gap: G on 1⊥ — the 5 non-trivial eigenvalues of the centred Gram
+    nontrivial = np.linalg.eigvalsh(gram_of(C))[1:]
+    assert gap_of_features(C, ones_in_null=True, rank=True) == pytest.approx(
+        gap_from_eigenvalues(nontrivial), rel=1e-10
+    )
+    wide = rng.standard_normal((9, 4))  # n > d: rank 4, the range gap is that of Hᵀ H
+    assert gap_of_features(wide) == math.inf
+    assert gap_of_features(wide, rank=True) == pytest.approx(isometry_gap(wide.T @ wide), 1e-12)
+    assert math.isnan(gap_of_features(np.full((3, 4), np.nan), rank=True))
+
+
+def test_structural_null_dim_of_a_gram_given_as_numbers():
+    assert isometry_gap(np.diag([1.0, 1e-20]), null_dim=0) == pytest.approx(
+        math.log(0.5) - math.log(1e-20) / 2, rel=1e-12
+    )  # structurally regular: finite, whatever λ_min is
+    assert isometry_gap(np.diag([1.0, 1.0]), null_dim=1) == math.inf

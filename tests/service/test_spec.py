@@ -87,8 +87,9 @@ def test_defaults_and_a_length_one_list_is_still_an_axis():
 
 
 def test_values_are_normalized_by_trial_config():
-    spec = parse_spec("name: n\nparameters: {lr: [1e-3, 0.01], bias: 'true', depth: '4'}")
-    assert spec.parameters == {"lr": [0.001, 0.01], "bias": True, "depth": 4}
+    spec = parse_spec("name: n\nparameters: {lr: [1e-3, 1], bias: true, depth: 4}")
+    assert spec.parameters == {"lr": [0.001, 1.0], "bias": True, "depth": 4}
+    assert type(spec.parameters["lr"][1]) is float  # an integer is a fine float
 
 
 def test_unknown_top_level_key_is_named():
@@ -122,7 +123,7 @@ def test_bad_literal_names_the_field_and_the_allowed_values():
         ({"momentum": 1.0}, "parameters.momentum"),
         ({"depth": []}, "parameters.depth"),
         ({"depth": [1, 2, 1]}, "parameters.depth"),
-        ({"lr": ["1e-3", 0.001]}, "parameters.lr"),  # the same value once normalized
+        ({"lr": [1, 1.0]}, "parameters.lr"),  # the same value once normalized
         ({"depth": {"a": 1}}, "parameters.depth"),
     ],
 )
@@ -232,3 +233,134 @@ def test_values_no_database_can_store_are_refused(data, field):
     with pytest.raises(InvalidInput) as exc:
         parse_spec(data)
     assert exc.value.field == field
+
+
+# --- strict input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"name": "x", "parameters": {"depth": True}}, "parameters.depth"),  # was read as 1
+        ({"name": "x", "parameters": {"depth": "2"}}, "parameters.depth"),  # was read as 2
+        ({"name": "x", "parameters": {"lr": "1e-3"}}, "parameters.lr"),
+        ({"name": "x", "parameters": {"lr": [0.1, False]}}, "parameters.lr[1]"),
+        ({"name": "x", "parameters": {"bias": 1}}, "parameters.bias"),
+        ({"name": "x", "parameters": {"bias": "true"}}, "parameters.bias"),
+        ({"name": "x", "parameters": {"depth": 4.0}}, "parameters.depth"),
+        ({"name": "x", "rerun": "yes"}, "rerun"),
+        ({"name": "x", "rerun": 1}, "rerun"),
+        ({"name": "x", "priority": True}, "priority"),
+        ({"name": "x", "max_failures": "2"}, "max_failures"),
+        ({"name": "x", "resources": {"cpu": "1"}}, "resources.cpu"),
+        ({"name": "x", "resources": {"gpu": False}}, "resources.gpu"),
+    ],
+)
+def test_no_coercion_into_numbers_or_booleans(data, field):
+    err = _invalid(data)
+    assert err.field == field, err.message
+
+
+def test_json_numbers_are_fine_floats():
+    spec = parse_spec(
+        {"name": "x", "parameters": {"lr": 1, "momentum": 0}, "resources": {"cpu": 2}}
+    )
+    assert spec.parameters["lr"] == 1.0 and spec.resources.cpu == 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("name: x\nparameters: {epochs: 1:30}\n", "1:30"),  # YAML 1.1: 90 (sexagesimal)
+        ("name: x\nparameters: {depth: 010}\n", "010"),  # YAML 1.1: 8 (octal)
+        ("name: x\nrerun: yes\n", "yes"),  # YAML 1.1: true
+        ("name: x\nparameters: {bias: on}\n", "on"),
+        ("name: x\ntags: [off]\n", "off"),
+        ("name: x\nparameters: {width: 1_000}\n", "1_000"),  # YAML 1.1: 1000
+        ("name: x\ndescription: 2024-01-02\n", "2024-01-02"),  # YAML 1.1: a date
+    ],
+)
+def test_yaml_scalars_where_1_1_and_1_2_disagree_are_refused(text, says):
+    err = _invalid(text)
+    assert err.field == "spec" and says in err.message and "line" in err.message
+    assert "quote" in err.message
+
+
+def test_yaml_scalars_are_read_as_yaml_1_2():
+    spec = parse_spec(
+        "name: x\ntags: ['on', '1:30', yes please]\n"
+        "parameters: {lr: 1e-3, depth: 0o17, width: 0x10, bias: True}\nrerun: false\n"
+    )
+    assert spec.tags == ["on", "1:30", "yes please"]
+    assert spec.parameters == {"lr": 0.001, "depth": 15, "width": 16, "bias": True}
+    assert spec.rerun is False
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "name: x\nname: y\n",
+        "name: x\nparameters:\n  depth: 2\n  depth: 3\n",
+        "name: x\nparameters: {depth: 2, width: 4, depth: 3}\n",
+        '{"name": "x", "name": "y"}',  # JSON text through parse_spec
+    ],
+)
+def test_duplicate_keys_are_refused(text):
+    err = _invalid(text)
+    assert "duplicate key" in err.message and "line" in err.message
+
+
+def test_duplicate_keys_in_json_are_refused():
+    from service.documents import load_json
+
+    with pytest.raises(InvalidInput) as exc:
+        load_json('{"name": "x", "parameters": {"depth": 2, "depth": 3}}')
+    assert "duplicate key 'depth'" in exc.value.message and exc.value.field == "body"
+
+
+@pytest.mark.parametrize("n", [400, 2000])
+def test_deeply_nested_yaml_is_refused_not_a_recursion_error(n):
+    texts = [
+        "name: x\ndescription: " + "{a: " * n + "1" + "}" * n + "\n",  # 8 KB at n = 2000
+        "name: x\nparameters: {depth: " + "[" * n + "]" * n + "}\n",
+        "name: x\nparameters:\n" + "".join(" " * (i + 1) + "a:\n" for i in range(min(n, 400))),
+    ]
+    for text in texts:
+        err = _invalid(text)
+        assert err.field == "spec" and "nested" in err.message
+
+
+def test_huge_integers_in_yaml_are_refused():
+    err = _invalid("name: x\npriority: " + "9" * 5000 + "\n")
+    assert err.field == "spec" and "digits" in err.message
+    err = _invalid({"name": "x", "priority": 10**5000})  # a dict built in Python
+    assert err.field == "priority" and len(err.message) < 200
+
+
+def test_a_huge_yaml_list_is_refused_early_with_a_short_message():
+    text = "name: x\ntags: [" + ", ".join(["1"] * 110_000) + "]\n"  # 330 KB
+    err = _invalid(text)
+    assert err.field == "spec" and len(err.message) < 500  # was 4.8 MB and 4.5 s of CPU
+
+
+def test_many_tags_or_long_tags_are_refused():
+    assert _invalid({"name": "x", "tags": ["t"] * 101}).field == "tags"
+    assert _invalid({"name": "x", "tags": ["t" * 101]}).field == "tags.0"
+    assert parse_spec({"name": "x", "tags": ["t" * 100] * 100}).tags[0] == "t" * 100
+
+
+def test_yaml_aliases_are_refused():
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+    err = _invalid("name: x\n" + laughs.replace("a: &a", "tags: &a"))
+    assert err.field == "spec" and "alias" in err.message
+
+
+def test_a_spec_file_is_read_strictly_too(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: x\nparameters: {depth: 010}\n")
+    with pytest.raises(InvalidInput) as exc:
+        load_spec(path)
+    assert "010" in exc.value.message

@@ -7,9 +7,9 @@ import time
 
 import numpy as np
 
-from service.config import LAYER_METRICS
+from service.config import LAYER_METRICS, TrialConfig
 from service.spec import parse_spec
-from service.store import Store
+from service.store import Store, engine
 
 DEPTH = 100
 SECONDS = 1.5
@@ -155,3 +155,56 @@ def test_concurrent_cancel_and_claim_agree(database_url):
             assert info.status in ("cancelled", "running")
             if info.status == "cancelled":
                 assert info.counts["cancelled"] == info.n_trials
+
+
+# --- submissions: work outside the write transaction, writers queue -------------------------
+
+
+def test_recorded_epoch_count_is_the_length_of_the_list():
+    for epochs in [*range(31), 97, 100]:
+        for every in [1, 2, 3, 7, 10, 30, 31, 99, 100, 101, 1000]:
+            c = TrialConfig(epochs=epochs, record_every=every)
+            assert c.n_recorded_epochs == len(c.recorded_epochs), (epochs, every)
+    # 0, k, …, ⌊E/k⌋·k and E itself when k does not divide E
+    assert TrialConfig(epochs=100_000).n_recorded_epochs == 100_001
+    assert TrialConfig(epochs=100_000, record_every=7).n_recorded_epochs == 14_285 + 1 + 1
+    assert TrialConfig(epochs=100_000, record_every=100_000).n_recorded_epochs == 2
+    assert TrialConfig(epochs=0, record_every=5).n_recorded_epochs == 1
+
+
+def test_a_submission_never_lists_the_recorded_epochs(sqlite_url, monkeypatch):
+    def listed(self):
+        raise AssertionError("create_sweep built the list of recorded epochs")
+
+    monkeypatch.setattr(TrialConfig, "recorded_epochs", property(listed))
+    params = {"depth": [1, 2], "epochs": 100_000, "record_every": [1, 7], "norm": "none"}
+    with Store(sqlite_url) as store:
+        sweep = store.create_sweep(parse_spec({"name": "big", "parameters": params}))
+        trials, _ = store.list_trials(sweep.id)
+    totals = {(t.config["depth"], t.config["record_every"]): t.epochs_total for t in trials}
+    assert totals == {(1, 1): 100_001, (2, 1): 100_001, (1, 7): 14_287, (2, 7): 14_287}
+
+
+def test_six_big_submissions_at_once_all_succeed(database_url, monkeypatch):
+    """Six 1,000-trial, 100,000-epoch specs posted at once through one Store (as the API has),
+    with SQLite's busy timeout cut to 0.2 s: writers of one process queue in the process, so
+    none waits on the busy timeout, and none fails with "database is locked"."""
+    monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    params = {"depth": list(range(1, 101)), "width": [8, 16], "epochs": 100_000, "norm": "none"}
+    specs = [parse_spec({"name": f"big{i}", "parameters": params, "seeds": 5}) for i in range(6)]
+    created = []
+    with Store(database_url) as store:
+        barrier = threading.Barrier(len(specs))
+
+        def submit(spec):
+            def run():
+                barrier.wait()
+                created.append(store.create_sweep(spec))
+
+            return run
+
+        assert _threads([submit(spec) for spec in specs]) == []
+        assert sorted(info.name for info in created) == [f"big{i}" for i in range(6)]
+        for info in created:
+            assert info.n_trials == 1000 and info.counts["queued"] == 1000
+            assert store.list_trials(info.id, limit=1)[0][0].epochs_total == 100_001

@@ -9,7 +9,7 @@ import pytest
 from records import record
 from sqlalchemy import func, select
 
-from service.config import METRICS
+from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from service.settings import Settings
 from service.spec import parse_spec
@@ -206,8 +206,9 @@ def test_tidy_frame_columns_and_values(store):
         "value",
     ]
     assert frame["layer"].dtype == pd.Int64Dtype()
-    # each trial: 3 epochs × (7 scalars + 5 per-layer metrics × depth values)
-    assert len(frame) == sum(3 * (7 + 5 * t.config["depth"]) for t in trials)
+    # each trial: 3 epochs × (scalars + per-layer metrics × depth values)
+    per_epoch = [len(SCALAR_METRICS) + len(LAYER_METRICS) * t.config["depth"] for t in trials]
+    assert len(frame) == 3 * sum(per_epoch)
     gn = METRICS.index("grad_norm")
     row = frame[(frame.trial_id == trials[3].id) & (frame.metric == "grad_norm")]
     row = row[(row.epoch == 2) & (row.layer == 3)]

@@ -1,5 +1,6 @@
-"""The theory module against closed forms, identities and limits (SCIENCE.md; Joudaki et al. 2023
-Table 5.1 / B.1, Theorem 5.1), a finite-width simulation, and the `isosweep theory` command."""
+"""The theory module against closed forms, identities and limits (docs/science.md; Joudaki et
+al. 2023 Table 5.1 / B.1, Theorem 5.1), a finite-width simulation, and the `isosweep theory`
+command."""
 
 import json
 import math
@@ -351,7 +352,7 @@ def test_identity_activation_keeps_the_cosine_gram():
 
 
 def test_gap_decays_at_rate_kappa_prime0_squared_near_isometry():
-    """Theorem 5.1 / SCIENCE.md: near isometry gap_{ℓ+1}/gap_ℓ → κ′(0)² = (2 − β)²."""
+    """Theorem 5.1 / docs/science.md: near isometry gap_{ℓ+1}/gap_ℓ → κ′(0)² = (2 − β)²."""
     G0 = theory.cosine_gram(correlated_inputs(np.random.default_rng(3)))
     for name in ("tanh", "relu", "sin", "gelu", "step"):
         gaps = theory.mean_field_gaps(name, 200, G0)
@@ -625,3 +626,202 @@ def test_cli_errors_are_red_and_exit_1(args, message):
     r = isosweep(*args)
     assert r.returncode == 1
     assert message in r.stderr and "error:" in r.stderr
+
+
+# ----------------------------------------------------------- the first block from the real input
+
+
+def spread_inputs(rng, n=8, d=50, lo=0.3, hi=3.0):
+    """Correlated inputs whose RMS ‖xᵢ‖/√d spans lo..hi (digits: 0.58–4.3)."""
+    X = correlated_inputs(rng, n, d)
+    X /= np.linalg.norm(X, axis=1, keepdims=True) / math.sqrt(d)
+    return X * np.geomspace(lo, hi, n)[:, None]
+
+
+def moments_of(X):
+    return (X**2).mean(axis=1)
+
+
+def exp_cross_dual(ga, gb, rho):
+    """E[(e^{aX} − E)(e^{bY} − E)] = e^{(a² + b²)/2}(e^{abρ} − 1) (Mehler, or the MGF)."""
+    return np.exp((ga**2 + gb**2) / 2) * np.expm1(ga * gb * rho)
+
+
+def test_first_block_of_exp_is_mehlers_closed_form():
+    rng = np.random.default_rng(11)
+    X = spread_inputs(rng, lo=0.2, hi=4.0)  # gains 0.26..5.2 at α = 1.3
+    G, m = theory.cosine_gram(X), moments_of(X)
+    gam = 1.3 * np.sqrt(m)
+    D = exp_cross_dual(gam[:, None], gam[None, :], G)
+    d = np.sqrt(np.diag(D))
+    for stage, expected in [
+        ("norm", D / np.outer(d, d)),
+        ("act", (np.outer(np.exp(gam**2 / 2), np.exp(gam**2 / 2)) + D)),
+        ("linear", np.sqrt(np.outer(m, m)) * G),
+    ]:
+        got = theory.mean_field_grams("exp", 1, G, gain=1.3, stage=stage, input_variances=m)[0]
+        expected = expected / np.diag(expected).mean() if stage != "norm" else expected
+        assert np.abs(got - expected).max() <= 1e-13 * np.abs(expected).max(), stage
+        assert isometry_gap(got) == pytest.approx(isometry_gap(expected), rel=1e-9), stage
+    unit = theory.mean_field_gaps("exp", 1, G, gain=1.3)[0]
+    assert abs(isometry_gap(D / np.outer(d, d)) - unit) > 0.03  # the norms matter for exp
+
+
+def test_later_blocks_continue_the_recursion_from_the_first():
+    rng = np.random.default_rng(12)
+    X = spread_inputs(rng)
+    G, m = theory.cosine_gram(X), moments_of(X)
+    grams = theory.mean_field_grams("tanh", 3, G, gain=1.5, gain_exponent=0.4, input_variances=m)
+    rest = theory.mean_field_grams("tanh", 2, grams[0], gain=1.5 * 2**-0.4, gain_exponent=0.0)
+    # block 3's gain is 1.5·3^(−0.4), not 1.5·2^(−0.4): only block 2 can be compared this way
+    assert np.abs(grams[1] - rest[0]).max() < 1e-14
+    lin = theory.mean_field_grams("tanh", 3, G, gain=1.5, stage="linear", input_variances=m)
+    assert np.abs(lin[1] - grams[0]).max() < 1e-15 and np.abs(lin[2] - grams[1]).max() > 0
+
+
+def test_homogeneous_activations_keep_their_normalized_grams():
+    # relu(γx) = γ·relu(x): the norms factor out of the normalized Gram, not out of the act Gram
+    rng = np.random.default_rng(13)
+    X = spread_inputs(rng)
+    G, m = theory.cosine_gram(X), moments_of(X)
+    with_m = theory.mean_field_grams("relu", 2, G, input_variances=m)
+    assert np.abs(with_m - theory.mean_field_grams("relu", 2, G)).max() < 1e-14
+    act = theory.mean_field_grams("relu", 1, G, stage="act", input_variances=m)[0]
+    theta = np.arccos(np.clip(G, -1, 1))
+    expected = np.sqrt(np.outer(m, m)) * (np.sin(theta) + (PI - theta) * np.cos(theta))
+    expected /= np.diag(expected).mean()
+    assert np.abs(act - expected).max() < 1e-12 * np.abs(expected).max()
+
+
+def test_equal_variances_are_a_gain_on_the_first_block():
+    rng = np.random.default_rng(14)
+    G = theory.cosine_gram(correlated_inputs(rng, n=8))
+    v = np.full(8, 2.25)
+    got = theory.mean_field_gaps("tanh", 3, G, gain=1.0, input_variances=v)
+    first = theory.mean_field_gaps("tanh", 1, G, gain=1.5)
+    assert got[0] == pytest.approx(first[0], rel=1e-14)
+    later = theory.mean_field_gaps("tanh", 3, G, gain=1.0)  # unit variance everywhere
+    assert got[0] != pytest.approx(later[0], rel=1e-3)
+    # a spread below EQUAL_RTOL is "equal"; just above it the series path agrees continuously
+    tiny = v * (1 + np.linspace(0, 1e-9, 8))
+    near = theory.mean_field_gaps("tanh", 3, G, gain=1.0, input_variances=tiny)
+    assert np.abs(near - got).max() < 1e-7
+
+
+def test_two_gain_quadrature_against_closed_forms():
+    from service.theory.firstlayer import _cross_dual
+
+    exp, relu = ACTIVATIONS["exp"], ACTIVATIONS["relu"]
+    for a, b, rho in [(1.0, 2.0, 0.3), (0.5, 3.0, -0.7), (2.0, 2.0, 0.999), (0.3, 4.5, 0.9)]:
+        ma, mb = math.exp(a * a / 2), math.exp(b * b / 2)
+        got = _cross_dual(exp, a, b, ma, mb, rho)
+        assert got == pytest.approx(exp_cross_dual(a, b, rho), rel=1e-13)
+        th = math.acos(rho)
+        arccos = a * b * (math.sin(th) + (PI - th) * math.cos(th) - 1) / (2 * PI)
+        c0 = 1 / math.sqrt(2 * PI)
+        assert _cross_dual(relu, a, b, a * c0, b * c0, rho) == pytest.approx(arccos, rel=1e-12)
+    with pytest.raises(InvalidInput, match="unit_rms"):
+        _cross_dual(exp, 1.0, 5.5, 1.0, 1.0, 0.5)
+
+
+def test_kinked_pairs_beyond_the_series_bound_are_integrated_directly():
+    # selu has a kink at 0: cₖ² decays like a power of k, and at ρ = 0.99999 the truncated series
+    # (200 terms) misses ~1e-5·Var. Two samples of equal norm form such a pair; for them the entry
+    # must be the equal-gain dual, which the κ interpolant gives independently.
+    rng = np.random.default_rng(15)
+    X = spread_inputs(rng, n=6)
+    X[1] = X[0] * 0.99999 + 0.01 * np.linalg.norm(X[0]) / math.sqrt(50) * rng.standard_normal(50)
+    X[1] *= np.linalg.norm(X[0]) / np.linalg.norm(X[1])  # same norm, cosine ≈ 0.99995
+    G, m = theory.cosine_gram(X), moments_of(X)
+    assert G[0, 1] > 0.9999
+    got = theory.mean_field_grams("selu", 1, G, gain=1.0, input_variances=m)[0]
+    gamma = math.sqrt(m[0])
+    assert got[0, 1] == pytest.approx(theory.kappa("selu", gamma, G[0, 1]), abs=1e-10)
+    # and elsewhere (ρ bounded away from 1) the series is the 2-D rule's value
+    from service.theory.firstlayer import _cross_dual
+
+    mom = [theory.moments("selu", math.sqrt(x)) for x in m[2:4]]
+    D23 = _cross_dual(
+        ACTIVATIONS["selu"], *np.sqrt(m[2:4]), mom[0]["mean"], mom[1]["mean"], G[2, 3]
+    )
+    expected = D23 / math.sqrt(mom[0]["variance"] * mom[1]["variance"])
+    assert got[2, 3] == pytest.approx(expected, abs=1e-10)
+
+
+@pytest.mark.parametrize(("name", "gain"), [("sin", 1.0), ("gelu", 1.5), ("exp", 0.7)])
+def test_first_block_matches_a_finite_width_network_on_unequal_norms(name, gain):
+    # the finite-width check of the recursion, with the inputs' norms kept (RMS 0.3–3): same
+    # width, networks and tolerances as above. Measured: entry error 0.016 / 0.027 / 0.065 with
+    # the norms, 0.53 / 0.15 / 0.38 without.
+    rng = np.random.default_rng(16)
+    X = spread_inputs(rng, lo=0.3, hi=3.0)
+    act, d0 = ACTIVATIONS[name], X.shape[1]
+    sims = []
+    for _ in range(4):
+        W = rng.standard_normal((WIDTH, d0)) / math.sqrt(d0)
+        S = act.numpy(gain * (X @ W.T))
+        S -= S.mean(axis=1, keepdims=True)
+        H = S / np.linalg.norm(S, axis=1, keepdims=True) * math.sqrt(WIDTH)
+        sims.append(gram_of(H) / WIDTH)
+    sim = np.mean(sims, axis=0)
+    G, m = theory.cosine_gram(X), moments_of(X)
+    mf = theory.mean_field_grams(name, 1, G, gain=gain, input_variances=m)[0]
+    unit = theory.mean_field_grams(name, 1, G, gain=gain)[0]
+    assert np.abs(sim - mf).max() < ENTRY_TOL
+    assert abs(isometry_gap(sim) - isometry_gap(mf)) < GAP_TOL
+    assert np.abs(sim - unit).max() > ENTRY_TOL  # unit variance: rejected
+
+
+@pytest.mark.parametrize(
+    ("variances", "message"),
+    [
+        (np.ones(5), "one entry per sample"),
+        (np.array([1.0, 2.0, 0.0, 1.0]), "> 0"),
+        (np.array([1.0, np.nan, 1.0, 1.0]), "finite"),
+        (np.array([1.0, 2.0, 1.0, 200.0]), "unit_rms"),
+    ],
+)
+def test_bad_input_variances_are_named(variances, message):
+    G = theory.cosine_gram(np.random.default_rng(17).standard_normal((4, 6)))
+    with pytest.raises(InvalidInput, match=message) as exc:
+        theory.mean_field_gaps("tanh", 2, G, input_variances=variances)
+    assert exc.value.field == "input_variances"
+
+
+def test_weight_variance_scale_of_each_init():
+    s = theory.weight_variance_scale
+    assert (s("gaussian", 64, 100), s("kaiming", 64, 100)) == (1.0, 2.0)
+    assert s("xavier", 64, 192) == 0.5 and s("xavier", 100, 100) == 1.0
+    assert s("orthogonal", 64, 256) == 0.25 and s("orthogonal", 256, 64) == 1.0
+    with pytest.raises(InvalidInput, match="unknown init") as exc:
+        s("lecun", 3, 3)
+    assert exc.value.field == "init"
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh", "selu", "gelu", "softplus"])
+def test_one_rule_for_all_gains_gives_each_gains_coefficients(name):
+    # kinks only at 0: the largest gain's 1-D rule serves every smaller gain to rounding
+    from service.theory.firstlayer import _expansions
+
+    gam = np.geomspace(0.2, 6.0, 12)
+    C, mean, var = _expansions(ACTIVATIONS[name], gam, 200)
+    for i, g in enumerate(gam):
+        scale = math.sqrt(theory.moments(name, g)["mean_square"])
+        assert np.abs(C[i] - theory.hermite_coefficients(name, g, 200)).max() < 1e-14 * scale
+        assert mean[i] == pytest.approx(theory.moments(name, g)["mean"], abs=1e-14 * scale)
+        assert var[i] == pytest.approx(theory.moments(name, g)["variance"], rel=1e-13)
+
+
+def test_kinks_off_zero_take_one_rule_per_gain():
+    # hardtanh-like clip(x, −1, 1) has kinks at ±1, which move with the gain (x = ±1/γ)
+    clip = custom("clip", lambda x: np.clip(x, -1.0, 1.0), breakpoints=(-1.0, 1.0))
+    G = theory.cosine_gram(correlated_inputs(np.random.default_rng(18), n=5))
+    v = np.array([0.5, 1.0, 2.0, 3.0, 4.0])
+    got = theory.mean_field_grams(clip, 1, G, input_variances=v)[0]
+    from service.theory.firstlayer import _cross_dual
+
+    g = np.sqrt(v)
+    mom = [theory.moments(clip, x) for x in g[:2]]
+    D01 = _cross_dual(clip, g[0], g[1], mom[0]["mean"], mom[1]["mean"], G[0, 1])
+    expected = D01 / math.sqrt(mom[0]["variance"] * mom[1]["variance"])
+    assert got[0, 1] == pytest.approx(expected, abs=1e-9)

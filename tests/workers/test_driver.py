@@ -16,9 +16,11 @@ from records import record, value_of
 from support import TINY
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
+from service.errors import StorageError
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
+from service.store.sweeps import LeaseLost
 from workers.callbacks import (
     CancelStopper,
     Heartbeat,
@@ -248,6 +250,38 @@ def test_after_the_lease_is_lost_nothing_is_written(store):
     assert (t.status, t.epochs_done, t.last_epoch) == ("running", 0, None)
 
 
+def test_a_runner_whose_sweep_was_taken_over_writes_nothing(database_url):
+    """Before its heartbeat has noticed: the store fences every write of a runner_id, and the
+    first one refused marks the lease lost."""
+    with Store(database_url) as store:
+        sweep, trials = claimed_sweep(store, lease_s=0.05)
+        a, b = trials[0].id, trials[1].id
+        store.start_trial(b)  # started before the takeover, by this runner
+        cb, control = callback_for(store, sweep, trials, runner_id=RUNNER)
+        cb.on_trial_start(0, [], FakeTrial(a))
+        cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))  # buffered
+        time.sleep(0.1)
+        assert store.claim_sweep("other", 60.0).id == sweep.id  # the lease ran out: taken over
+        cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 1, 2)))
+        cb.on_trial_complete(0, [], FakeTrial(a))  # flushes: refused
+        assert control.lost.is_set()
+        cb.on_trial_start(0, [], FakeTrial(b))
+        t = store.get_trial(a)  # requeued by the claim, and nothing of this runner's since
+        assert (t.status, t.attempts, t.epochs_done, t.last_epoch) == ("queued", 1, 0, None)
+        assert store.get_trial(b).attempts == 1
+        assert store.get_sweep(sweep.id).runner_id == "other"
+
+
+def test_unfenced_and_fenced_writes_of_the_holder_go_through(store):
+    _, trials = claimed_sweep(store)
+    a = trials[0].id
+    store.start_trial(a, runner_id=RUNNER)
+    store.write_records([(a, record(0, 0, 2))], runner_id=RUNNER)
+    with pytest.raises(LeaseLost, match="no longer held by runner intruder"):
+        store.write_records([(a, record(0, 1, 2))], runner_id="intruder")
+    assert store.get_trial(a).epochs_done == 1  # the refused batch wrote nothing
+
+
 def test_a_trial_cancelled_while_queued_is_skipped(store):
     sweep, trials = claimed_sweep(store)
     a = trials[0].id
@@ -308,7 +342,7 @@ def test_stopper_stops_all_when_the_runner_stops(store):
 def test_heartbeat_extends_the_lease(store):
     sweep, _ = claimed_sweep(store, lease_s=1.5)
     control = SweepControl()
-    with Heartbeat(store, sweep.id, RUNNER, 0.1, control):
+    with Heartbeat(store, sweep.id, RUNNER, 0.1, control, lease_s=1.5):
         time.sleep(2.0)  # past the claimed lease: only the heartbeat keeps it
         assert store.claim_sweep("intruder", 60.0) is None
     assert not control.lost.is_set()
@@ -321,6 +355,44 @@ def test_heartbeat_notices_another_runner_took_over(store):
     control = SweepControl()
     with Heartbeat(store, sweep.id, RUNNER, 0.05, control):
         assert control.lost.wait(10.0)
+
+
+def test_heartbeat_gives_up_once_the_lease_has_run_out_unextended(store, monkeypatch):
+    """The store unreachable (every heartbeat fails): once a whole lease has passed since the
+    last extension, another runner may hold the sweep, so the run must stop writing."""
+    sweep, _ = claimed_sweep(store, lease_s=0.6)
+    calls = []
+
+    def unreachable(sweep_id, runner_id):
+        calls.append(time.monotonic())
+        raise StorageError("the database is unreachable")
+
+    monkeypatch.setattr(store, "heartbeat", unreachable)
+    control = SweepControl()
+    start = time.monotonic()
+    with Heartbeat(store, sweep.id, RUNNER, 0.2, control, lease_s=0.6, since=start):
+        assert control.lost.wait(10.0)
+        lost_after = time.monotonic() - start
+    assert lost_after >= 0.6  # not before the lease ran out…
+    assert len(calls) >= 3  # …and it kept trying until then
+
+
+def test_heartbeat_keeps_the_lease_through_a_blip(store, monkeypatch):
+    sweep, _ = claimed_sweep(store, lease_s=1.5)
+    real, fails = store.heartbeat, [1, 1]
+
+    def flaky(sweep_id, runner_id):
+        if fails:
+            fails.pop()
+            raise StorageError("a blip")
+        return real(sweep_id, runner_id)
+
+    monkeypatch.setattr(store, "heartbeat", flaky)
+    control = SweepControl()
+    with Heartbeat(store, sweep.id, RUNNER, 0.5, control, lease_s=1.5):
+        time.sleep(2.5)  # two failed beats, then good ones, past the claimed lease
+        assert store.claim_sweep("intruder", 60.0) is None
+    assert not control.lost.is_set() and not fails
 
 
 def test_run_sweep_with_nothing_to_run_finishes_without_ray(store):

@@ -1,4 +1,4 @@
-"""The isometry gap and its companions, against the mathematics (SCIENCE.md; Joudaki et al.
+"""The isometry gap and its companions, against the mathematics (docs/science.md; Joudaki et al.
 2023)."""
 
 import math
@@ -14,9 +14,8 @@ F64 = torch.float64
 
 
 def np_gap(H: np.ndarray) -> float:
-    """Reference: the definition, straight from float64 numpy eigenvalues of H Hᵀ."""
-    H = np.asarray(H, dtype=np.float64)
-    lam = np.linalg.eigvalsh(H @ H.T)
+    """Reference: the definition, from float64 numpy singular values of H (λ = σ², no Gram)."""
+    lam = np.linalg.svd(np.asarray(H, dtype=np.float64), compute_uv=False) ** 2
     return float(np.log(lam.mean()) - np.log(lam).mean())
 
 
@@ -44,8 +43,8 @@ def test_gap_of_diag_3_1_is_log_5_over_3():
     assert metrics.isometry_gap(torch.tensor([[3.0, 0.0], [0.0, 1.0]])) == pytest.approx(
         math.log(5 / 3), rel=1e-14
     )
-    G = torch.tensor([[[9.0, 0.0], [0.0, 1.0]]], dtype=F64)
-    assert float(metrics.gram_gaps(G, 1e-12)[0]) == pytest.approx(math.log(5 / 3), rel=1e-14)
+    lam = torch.tensor([[9.0, 1.0]], dtype=F64)
+    assert float(metrics.gaps_from_eigenvalues(lam)[0]) == pytest.approx(math.log(5 / 3), rel=1e-14)
 
 
 def test_gap_is_rotation_and_scale_invariant():
@@ -78,15 +77,14 @@ def test_gaussian_matches_float64_numpy_reference():
 
 def test_ill_conditioned_but_resolvable_reads_finite():
     """λ_min/λ_max = 1e-10: far above float32's resolution at n = 10 (≈ 3e-13), so finite and
-    equal to the float64 reference (to 1e-7: at condition 1e10, float64 rounding in forming G
-    moves λ_min by ~1e-6 of itself); a float32 eigen-solver would not get a digit of it."""
+    equal to the float64 SVD reference; a float32 eigen-solver would not get a digit of it."""
     U, _ = torch.linalg.qr(randn(10, 10, seed=4, dtype=F64))
     V, _ = torch.linalg.qr(randn(40, 10, seed=5, dtype=F64))
     s = torch.logspace(0, -5, 10, dtype=F64)  # σ from 1 to 1e-5 → λ ratio 1e-10
     H = (U * s) @ V.T
     Hf = H.float()
     got = metrics.isometry_gap(Hf)
-    assert got == pytest.approx(np_gap(Hf.numpy()), rel=1e-7)
+    assert got == pytest.approx(np_gap(Hf.numpy()), rel=1e-10)
     lam = s**2  # the exact H's Gram spectrum; float32 rounding moves σ_min by ~1e-7 ≪ 1e-5
     exact = float(torch.log(lam.mean()) - torch.log(lam).mean())
     assert got == pytest.approx(exact, rel=1e-3)
@@ -97,12 +95,13 @@ def test_wide_gram_over_samples_n_greater_than_d_is_infinite():
     assert metrics.isometry_gap(randn(11, 10, dtype=F64)) == math.inf
 
 
-def test_exactly_rank_deficient_reads_inf_not_nan_or_finite():
+def test_rank_deficient_by_structure_reads_inf_not_nan_or_finite():
+    """+inf is decided by what forces rank < n (here: told), never by the size of λ_min."""
     H = randn(10, 30, dtype=F64)
     H[3] = 2 * H[1] - H[7]  # a dependent row
-    assert metrics.isometry_gap(H) == math.inf
-    assert metrics.isometry_gap(H.float()) == math.inf
-    assert metrics.isometry_gap(torch.zeros(5, 8)) == math.inf  # the zero Gram
+    assert metrics.isometry_gap(H, metrics.Structure(False, 9)) == math.inf
+    assert metrics.isometry_gap(H.float(), metrics.Structure(False, 9)) == math.inf
+    assert metrics.isometry_gap(torch.zeros(5, 8)) == math.inf  # the zero Gram: zero rows
 
 
 def test_non_finite_representation_gives_nan():
@@ -114,23 +113,17 @@ def test_non_finite_representation_gives_nan():
     assert math.isnan(float(metrics.isometry_gaps(torch.full((1, 9, 4), math.nan))[0]))
 
 
-def test_singular_tol_is_tied_to_dtype():
-    assert metrics.singular_tol(100, 100, F64) < 1e-11
-    assert metrics.singular_tol(256, 10, torch.float32) > metrics.singular_tol(
-        10, 10, torch.float32
-    )
-
-
 # --- singular Grams in networks: centering normalization ----------------------------------------
 
 
 def _network_taps(n, order, norm="batch", act="identity", init="gaussian", depth=3, seed=0):
+    """Per block (H, structure) of its Linear, norm and activation outputs."""
     spec = nn.Spec(depth, n, n, 10, norm, order, False, act, (1.0,) * depth)
     params = nn.init_params(spec, init, 1.0, torch.Generator().manual_seed(seed))
-    _, taps = nn.forward(
-        spec, params, nn.init_state(spec), randn(n, n, seed=seed + 1000), "batch", taps=True
-    )
-    return taps
+    x = randn(n, n, seed=seed + 1000)
+    _, taps = nn.forward(spec, params, nn.init_state(spec), x, "batch", taps=True)
+    forced = metrics.structures(spec, params, x, taps)
+    return [tuple(zip(t, s, strict=True)) for t, s in zip(taps, forced, strict=True)]
 
 
 @pytest.mark.parametrize("n", [2, 4, 8, 32, 100, 256])
@@ -138,29 +131,30 @@ def _network_taps(n, order, norm="batch", act="identity", init="gaussian", depth
 def test_centering_batchnorm_output_is_singular(n, init):
     """BN centers each feature over the batch: 1ᵀH = 0, so G = H Hᵀ has G·1 = 0 — singular, at
     every n = d. So is an identity activation after it (norm_act), and the next Linear's output
-    (act_norm: 1ᵀ H Wᵀ = 0). float32 rounding leaves λ_min ~ 1e-15 λ_max: it must read +inf."""
+    (act_norm: 1ᵀ H Wᵀ = 0). float32 rounding leaves λ_min ~ 1e-15 λ_max, yet the structure,
+    not that number, makes it read +inf."""
     taps = _network_taps(n, "norm_act", init=init)
     for _, bn, a in taps:
-        assert metrics.isometry_gap(bn) == math.inf
-        assert metrics.isometry_gap(a) == math.inf  # σ = identity after BN
+        assert metrics.isometry_gap(*bn) == math.inf
+        assert metrics.isometry_gap(*a) == math.inf  # σ = identity after BN
     taps = _network_taps(n, "act_norm", act="relu", init=init)
     for z, _, _ in taps[1:]:
-        assert metrics.isometry_gap(z) == math.inf  # Linear of a centered input
-    assert math.isfinite(metrics.isometry_gap(taps[0][0]))  # Linear of the raw input: full rank
+        assert metrics.isometry_gap(*z) == math.inf  # Linear of a centered input
+    assert math.isfinite(metrics.isometry_gap(*taps[0][0]))  # Linear of the raw input: full rank
 
 
 @pytest.mark.parametrize("n", [4, 32, 100])
 def test_centering_layernorm_at_n_equals_d_is_singular(n):
     """LayerNorm centers each sample: H·1 = 0, rank ≤ d − 1 < n = d."""
     for _, ln, _ in _network_taps(n, "norm_act", norm="layer"):
-        assert metrics.isometry_gap(ln) == math.inf
+        assert metrics.isometry_gap(*ln) == math.inf
 
 
 @pytest.mark.parametrize("n", [8, 100])
 def test_scale_only_batchnorm_keeps_rank(n):
     """Without centering nothing forces singularity: the scale-only variants read finite."""
     for _, sn, _ in _network_taps(n, "norm_act", norm="batch_scale", act="tanh")[:1]:
-        assert math.isfinite(metrics.isometry_gap(sn))
+        assert math.isfinite(metrics.isometry_gap(*sn))
 
 
 # --- normalization raises isometry (Joudaki et al. 2023, Theorem 4.1) ---------------------------
@@ -206,7 +200,7 @@ def test_layer_scale_never_lowers_isometry_in_a_network():
         for _, ls, a in _network_taps(
             64, "act_norm", norm="layer_scale", act="relu", seed=seed, init="xavier"
         ):
-            assert metrics.isometry_gap(ls) <= metrics.isometry_gap(a) + 1e-9
+            assert metrics.isometry_gap(*ls) <= metrics.isometry_gap(*a) + 1e-9
 
 
 # --- weights -----------------------------------------------------------------------------------
@@ -245,20 +239,21 @@ def test_weight_gap_equals_gap_of_w_wt():
 def test_batched_equals_one_by_one_and_chunking(monkeypatch):
     H = randn(7, 20, 30)
     one = torch.tensor([metrics.isometry_gap(h) for h in H], dtype=F64)
-    monkeypatch.setattr(metrics, "MAX_EIG_ENTRIES", 2 * 20 * 30)  # force chunks of 2
+    monkeypatch.setattr(metrics, "MAX_GRAM_ENTRIES", 2 * 20 * 30)  # force chunks of 2
     torch.testing.assert_close(metrics.isometry_gaps(H), one, rtol=1e-12, atol=0)
 
 
-def test_one_eigvalsh_call_per_gram_size(monkeypatch):
-    """Depth 40: 3·40 representation Grams + 40 weight Grams, all 32 × 32 → one call."""
+def test_one_qr_call_per_structure_and_shape(monkeypatch):
+    """Depth 40, scale-only BN, tanh: 3·40 representations of one structure → one batched QR;
+    the weights in their three equal-shape groups (W_1, W_2..W_40, W_head) → three."""
     calls = []
-    real = torch.linalg.eigvalsh
-    monkeypatch.setattr(torch.linalg, "eigvalsh", lambda G: calls.append(G.shape) or real(G))
+    real = torch.geqrf
+    monkeypatch.setattr(torch, "geqrf", lambda A: calls.append(tuple(A.shape)) or real(A))
     spec = nn.Spec(40, 32, 32, 32, "batch_scale", "norm_act", False, "tanh", (1.0,) * 40)
     params = nn.init_params(spec, "gaussian", 1.0, torch.Generator().manual_seed(0))
     x, y = randn(32, 32), torch.arange(32) % 32
     metrics.probe_metrics(spec, params, nn.init_state(spec), x, y)
-    assert calls == [(3 * 40 + 40 + 1, 32, 32)]  # with the first layer's and the head's
+    assert calls == [(3 * 40, 32, 32), (1, 32, 32), (39, 32, 32), (1, 32, 32)]
 
 
 @pytest.mark.parametrize(
@@ -267,15 +262,15 @@ def test_one_eigvalsh_call_per_gram_size(monkeypatch):
 def test_identical_taps_share_one_gram(monkeypatch, norm, order):
     """σ = identity with α = 1 returns its input itself: per block the activation output is the
     norm output (norm_act) or the Linear output (act_norm). Of the 3L representation Grams, L are
-    duplicates, so eigvalsh gets 2L of them, plus the L + 1 weight Grams (all 32 × 32): 3L + 1
-    rather than 4L + 1; and the gaps are the ones measured without the deduplication."""
+    duplicates, so QR gets 2L of them, plus the L + 1 weights (all 32 × 32): 3L + 1 rather than
+    4L + 1; and the gaps are the ones measured without the deduplication."""
     L = 6
     spec = nn.Spec(L, 32, 32, 32, norm, order, False, "identity", (1.0,) * L)
     params = nn.init_params(spec, "orthogonal", 1.0, torch.Generator().manual_seed(0))
     x, y = randn(32, 32), torch.arange(32) % 32
     grams = []
-    real = torch.linalg.eigvalsh
-    monkeypatch.setattr(torch.linalg, "eigvalsh", lambda G: grams.append(len(G)) or real(G))
+    real = torch.geqrf
+    monkeypatch.setattr(torch, "geqrf", lambda A: grams.append(len(A)) or real(A))
     deduped = metrics.probe_metrics(spec, params, nn.init_state(spec), x, y)
     assert sum(grams) == 3 * L + 1
     grams.clear()

@@ -288,3 +288,134 @@ def test_depth_1000_width_100_builds_and_measures():
     assert math.isfinite(m["head_grad_norm"])
     # orthogonal weights with shaped tanh: gradients bounded at any depth (Meterez et al. 2024)
     assert m["grad_norm"].max() < 100 * m["grad_norm"].min()
+
+
+# --- the options of issue 9: norm_eps, bias_init, head_init, orthogonal_gain, dtype ---------------
+
+
+@pytest.mark.parametrize("norm", ["batch", "layer", "batch_scale", "layer_scale"])
+@pytest.mark.parametrize("mode", ["train", "batch"])
+def test_norm_eps_is_the_epsilon_of_every_norm(norm, mode):
+    """Inputs of scale 1e-3 (variance v ~ 1e-5, comparable to ε): the norm's output has root
+    mean square √(v/(v + ε)) along the normalized axis — exactly 1 with ε = 0."""
+    for eps in (0.0, 1e-5):
+        spec = nn.make_spec(TrialConfig(depth=1, width=16, norm=norm, norm_eps=eps))
+        assert spec.eps == eps
+        p = nn.init_params(spec, "gaussian", 1.0, torch.Generator().manual_seed(0))
+        p = {k: v.double() for k, v in p.items()}
+        s = {k: v.double() for k, v in nn.init_state(spec).items()}
+        z = (x_batch(n=20, d=16) * 1e-3).double()
+        dim = 0 if norm.startswith("batch") else 1
+        centre = norm in ("batch", "layer")
+        zc = z - z.mean(dim=dim, keepdim=True) if centre else z
+        v = zc.pow(2).mean(dim=dim)
+        out = nn.normalize(spec, p, s, 1, z, mode)
+        oc = out - out.mean(dim=dim, keepdim=True) if centre else out
+        rms = oc.pow(2).mean(dim=dim).sqrt()
+        torch.testing.assert_close(rms, (v / (v + eps)).sqrt(), rtol=1e-10, atol=0)
+
+
+def test_batch_norm_with_zero_eps_keeps_torchs_running_statistics():
+    """torch's batch_norm refuses ε = 0 in training; ε = 0 computes the same statistics itself:
+    running mean/var updated as torch does (unbiased variance, momentum 0.1), and the running
+    mode divides by √var exactly."""
+    x = x_batch(n=20, d=16).double()
+    spec0 = nn.make_spec(TrialConfig(depth=1, width=16, norm="batch", norm_eps=0.0))
+    spec_t = nn.make_spec(TrialConfig(depth=1, width=16, norm="batch", norm_eps=1e-300))
+    p = {
+        k: v.double() for k, v in nn.init_params(spec0, "gaussian", 1.0, torch.Generator()).items()
+    }
+    s0 = {k: v.double() for k, v in nn.init_state(spec0).items()}
+    st = {k: v.double() for k, v in nn.init_state(spec0).items()}
+    out0 = nn.normalize(spec0, p, s0, 1, x, "train")
+    out_t = nn.normalize(spec_t, p, st, 1, x, "train")  # torch's own, ε negligible
+    torch.testing.assert_close(out0, out_t, rtol=1e-12, atol=1e-12)
+    for k in s0:
+        torch.testing.assert_close(s0[k], st[k], rtol=1e-12, atol=1e-15)
+    run = nn.normalize(spec0, p, s0, 1, x, "running")
+    expect = (x - s0["mean1"]) / s0["var1"].sqrt() * p["gamma1"] + p["beta1"]
+    torch.testing.assert_close(run, expect, rtol=1e-12, atol=1e-12)
+
+
+def wide_spec(bias=True, width=1000, d_in=50, depth=2, n_classes=10, dtype=torch.float32):
+    return nn.Spec(
+        depth, d_in, width, n_classes, "none", "norm_act", bias, "identity", (1.0,) * depth,
+        dtype=dtype,
+    )  # fmt: skip
+
+
+def ks_uniform(u: torch.Tensor, lo: float, hi: float) -> float:
+    """Kolmogorov–Smirnov distance of the sample u from U(lo, hi)."""
+    x = ((u.double().sort().values - lo) / (hi - lo)).clamp(0, 1)
+    k = len(x)
+    i = torch.arange(1, k + 1, dtype=F64)
+    return float(torch.maximum(i / k - x, x - (i - 1) / k).max())
+
+
+def test_bias_init_torch_is_uniform_within_one_over_root_fan_in_and_leaves_weights_alone():
+    spec = wide_spec()
+    zero = nn.init_params(spec, "gaussian", 1.0, torch.Generator().manual_seed(3))
+    torchb = nn.init_params(
+        spec, "gaussian", 1.0, torch.Generator().manual_seed(3), bias_init="torch"
+    )
+    assert list(zero) == list(torchb)  # same names, same order
+    for k in zero:
+        if k.startswith("W"):
+            assert torch.equal(zero[k], torchb[k]), k  # drawn before any bias
+        else:
+            assert zero[k].abs().max() == 0
+    for name, fan_in in (("b1", 50), ("b2", 1000), ("b_head", 1000)):
+        b, bound = torchb[name], 1 / math.sqrt(fan_in)
+        assert b.dtype == torch.float32 and float(b.abs().max()) <= bound
+        if len(b) >= 1000:  # KS at 1% significance: 1.63/√k
+            assert ks_uniform(b, -bound, bound) < 1.63 / math.sqrt(len(b)), name
+            assert float(b.abs().max()) > 0.99 * bound  # fills the interval
+
+
+def test_head_init_is_the_heads_and_the_body_is_untouched():
+    spec = wide_spec(bias=False, width=2000, n_classes=10)
+    body = nn.init_params(spec, "gaussian", 1.0, torch.Generator().manual_seed(4))
+    kai = nn.init_params(
+        spec, "gaussian", 1.0, torch.Generator().manual_seed(4), head_init="kaiming"
+    )
+    orth = nn.init_params(
+        spec, "gaussian", 1.0, torch.Generator().manual_seed(4), head_init="orthogonal"
+    )
+    for k in ("W1", "W2"):
+        assert torch.equal(body[k], kai[k]) and torch.equal(body[k], orth[k])
+    k = 10 * 2000  # sample variance of k Gaussians: relative s.e. √(2/k) = 1%
+    assert float(body["W_head"].double().var()) == pytest.approx(1 / 2000, rel=0.05)
+    assert float(kai["W_head"].double().var()) == pytest.approx(2 / 2000, rel=5 * math.sqrt(2 / k))
+    W = orth["W_head"].double()
+    torch.testing.assert_close(W @ W.T, torch.eye(10, dtype=F64), atol=1e-6, rtol=0)
+
+
+def test_orthogonal_gain_false_ignores_init_gain():
+    g = 1.7
+    with_gain = nn.init_weight(30, 20, "orthogonal", g, torch.Generator().manual_seed(0))
+    without = nn.init_weight(
+        30, 20, "orthogonal", g, torch.Generator().manual_seed(0), orthogonal_gain=False
+    )
+    unit = nn.init_weight(30, 20, "orthogonal", 1.0, torch.Generator().manual_seed(0))
+    assert torch.equal(without, unit)
+    torch.testing.assert_close(with_gain, g * unit)
+    gauss = nn.init_weight(30, 20, "gaussian", g, torch.Generator().manual_seed(0))
+    assert torch.equal(
+        gauss,
+        nn.init_weight(
+            30, 20, "gaussian", g, torch.Generator().manual_seed(0), orthogonal_gain=False
+        ),
+    )  # only orthogonal init is affected
+
+
+def test_float64_params_and_state_and_the_same_draws():
+    s64, s32 = wide_spec(width=64, dtype=torch.float64), wide_spec(width=64)
+    for init in ("gaussian", "orthogonal"):
+        p64 = nn.init_params(s64, init, 1.3, torch.Generator().manual_seed(1), bias_init="torch")
+        p32 = nn.init_params(s32, init, 1.3, torch.Generator().manual_seed(1), bias_init="torch")
+        for k in p32:
+            assert p64[k].dtype == torch.float64
+            torch.testing.assert_close(p64[k].float(), p32[k], rtol=2**-22, atol=0)  # ≤ 2 ulp
+    spec = nn.make_spec(TrialConfig(depth=2, width=8, dtype="float64"))
+    assert spec.dtype == torch.float64
+    assert all(v.dtype == torch.float64 for v in nn.init_state(spec).values())

@@ -118,6 +118,26 @@ def test_run_once_of_one_sweep_never_claims_another(sqlite_url):
         assert store.get_sweep(held.id).runner_id == "other"
 
 
+def test_the_lease_is_held_while_ray_starts(sqlite_url, monkeypatch):
+    """Ray's start-up (here 3 leases long) comes after the claim: the heartbeat must already
+    run, or another runner takes the sweep over meanwhile and both run its trials."""
+    with Store(sqlite_url) as store:
+        sweep = submit(store, "slow-ray")
+        runner = Runner(store, runner_id="first", lease_s=0.6)
+        seen = {}
+
+        def slow_ray_start():
+            time.sleep(1.8)
+            seen["intruder"] = store.claim_sweep("intruder", 60.0)
+            seen["holder"] = store.get_sweep(sweep.id).runner_id
+            store.request_cancel(sweep.id)  # so that the run needs no Ray
+
+        monkeypatch.setattr(runner, "start_ray", slow_ray_start)
+        info = runner.run_once()
+        assert seen == {"intruder": None, "holder": "first"}
+        assert (info.status, info.runner_id) == ("cancelled", "first")
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_runner_takes_sweeps_by_priority_then_age(sqlite_url, ray_local):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from service.config import LAYER_METRICS, SCALAR_METRICS, TrialConfig
+from service.config import LAYER_METRICS, RECORD_KEYS, SCALAR_METRICS, TrialConfig, config_hash
 from service.errors import InvalidInput
-from workers import metrics
-from workers.train import Trial, fit
+from workers import metrics, nn
+from workers.train import Trial, fit, generator
 
 SMALL = dict(depth=3, width=32, batch_size=32, dataset="digits", max_train_samples=256)
 
@@ -36,7 +36,7 @@ def test_record_contents():
     recs = records(epochs=3, record_every=2)
     assert [r["epoch"] for r in recs] == [0, 2, 3]
     r0 = recs[0]
-    assert set(r0) == set(SCALAR_METRICS) | set(LAYER_METRICS) | {"epoch", "diverged", "input_gram"}
+    assert set(r0) == set(SCALAR_METRICS) | set(LAYER_METRICS) | set(RECORD_KEYS)
     assert "input_gram" not in recs[1]
     for k in LAYER_METRICS:
         assert isinstance(r0[k], np.ndarray) and r0[k].shape == (3,) and r0[k].dtype == np.float64
@@ -257,3 +257,166 @@ def test_depth_1000_width_100_trains_and_records():
     assert [r["epoch"] for r in recs] == [0, 1] and not recs[1]["diverged"]
     assert recs[1]["grad_norm"].shape == (1000,) and np.isfinite(recs[1]["grad_norm"]).all()
     assert (recs[1]["weight_isometry_gap"] < 1e-3).all()  # two small SGD steps from orthogonal
+
+
+# --- training-record edges (issue 9) ------------------------------------------------------------
+
+
+def test_a_blow_up_on_the_last_step_is_diverged():
+    """One step per epoch (100 samples, batch 100) at lr 1e20: the weights stay finite but the
+    network after the step overflows. Checked only before each step, the record read
+    `completed`; the epoch's last step is now checked too, and the trial stops there."""
+    cfg = dict(depth=4, max_train_samples=100, lr=1e20)
+    recs = list(fit(TrialConfig(**cfg, epochs=1), threads=1))
+    assert [r["epoch"] for r in recs] == [0, 1]
+    assert recs[1]["diverged"]
+    assert len(list(fit(TrialConfig(**cfg, epochs=3), threads=1))) == 2  # stopped after it
+
+
+def test_no_false_divergence_on_a_healthy_last_step():
+    recs = records(epochs=2, max_train_samples=64)  # two steps per epoch, lr 0.01
+    assert not any(r["diverged"] for r in recs)
+
+
+@pytest.mark.parametrize("norm", ["batch", "batch_scale"])
+def test_a_diverging_batch_leaves_the_running_statistics_as_they_were(norm):
+    """The diverging minibatch's forward pass would write its (non-finite) statistics into the
+    running ones although no step is taken on it; they are put back."""
+    trial = Trial(TrialConfig(**SMALL, norm=norm, epochs=1))
+    trial.train_epoch()
+    with torch.no_grad():
+        trial.params["W1"][0, 0] = math.inf  # every later forward is non-finite
+    before = {k: v.clone() for k, v in trial.state.items()}
+    stats = trial.train_epoch()
+    assert stats.diverged and not math.isfinite(stats.loss)
+    for k, v in trial.state.items():
+        assert torch.equal(v, before[k]), k
+    assert all(torch.isfinite(v).all() for v in trial.state.values())
+
+
+def test_diverged_record_test_metrics_use_the_statistics_before_the_diverging_batch():
+    """One training sample made infinite: the minibatch holding it has a NaN loss and NaN batch
+    statistics, while the weights — never stepped on it — are fine. The diverged record's test
+    metrics were NaN (the running statistics had taken that batch's); they are now those of the
+    network as it stood."""
+    trial = Trial(TrialConfig(**SMALL, epochs=2))
+    trial.train_epoch()
+    trial.data.X_train[0] = math.inf  # a subset's own copy, not the cached dataset
+    stats = trial.train_epoch()
+    assert stats.diverged and not math.isfinite(stats.loss)
+    record = trial.record(2, stats)
+    assert record["diverged"] and math.isfinite(record["test_loss"])
+    assert all(torch.isfinite(v).all() for v in trial.state.values())
+
+
+def test_epoch_zero_test_metrics_use_batch_statistics():
+    """Before any step the running statistics are torch's placeholders (0, 1), which make every
+    BatchNorm the identity: epoch 0's test metrics use each test batch's own statistics under
+    either eval_norm, and eval_norm matters from epoch 1 on."""
+    for norm in ("batch", "batch_scale"):
+        run = records(epochs=1, norm=norm, eval_norm="running")
+        bat = records(epochs=1, norm=norm, eval_norm="batch")
+        assert run[0]["test_loss"] == bat[0]["test_loss"], norm
+        assert run[0]["test_acc"] == bat[0]["test_acc"], norm
+        assert run[1]["test_loss"] != bat[1]["test_loss"], norm
+
+
+def test_adam_ignores_momentum_and_hashes_it_away():
+    a = TrialConfig(**SMALL, optimizer="adam", lr=1e-3, momentum=0.9, epochs=1)
+    b = TrialConfig(**SMALL, optimizer="adam", lr=1e-3, epochs=1)
+    assert a == b and a.momentum == 0.0 and config_hash(a) == config_hash(b)
+    assert_records_equal(list(fit(a, threads=1)), list(fit(b, threads=1)))
+
+
+def test_fit_runs_at_the_thread_count_it_is_given_and_puts_it_back():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cfg = TrialConfig(**SMALL, epochs=1, momentum=0.9)
+        gen = fit(cfg, threads=1)
+        next(gen)
+        assert torch.get_num_threads() == 1
+        a = [next(gen)]
+        assert torch.get_num_threads() == 1
+        assert list(gen) == [] and torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        b = list(fit(cfg, threads=1))[1:]
+        assert_records_equal(a, b)  # the process's own setting played no part
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(InvalidInput, match="threads"):
+        next(fit(cfg, threads=0))
+
+
+def test_default_float32_trials_are_unchanged():
+    """Numbers computed by the code before the new options (dtype, norm_eps, bias_init, …)
+    existed: a default-valued trial must reproduce them (the init draws exactly; a trained epoch
+    to float32 round-off, which differs across CPUs)."""
+    c = TrialConfig()
+    p = nn.init_params_of(nn.make_spec(c), c, generator(0, "init"))
+    assert p["W1"][0, :3].tolist() == [
+        0.05556595325469971,
+        -0.13927394151687622,
+        -0.024431895464658737,
+    ]
+    assert p["W_head"][0, :3].tolist() == [
+        0.10839451849460602,
+        -0.015584497712552547,
+        -0.1298602819442749,
+    ]
+    c = TrialConfig(init="orthogonal", init_gain=1.3, bias=True, width=16, depth=3)
+    p = nn.init_params_of(nn.make_spec(c), c, generator(0, "init"))
+    np.testing.assert_allclose(
+        p["W2"][0, :3].numpy(),
+        [-0.19567912817001343, -0.32756543159484863, 0.18749208748340607],
+        rtol=1e-6,
+    )
+    assert p["b1"].abs().max() == 0
+    r = list(fit(TrialConfig(**SMALL, epochs=1, momentum=0.9), threads=1))[1]
+    assert r["train_loss"] == pytest.approx(2.3696959018707275, rel=1e-5)
+    assert r["test_loss"] == pytest.approx(2.1909198337131075, rel=1e-5)
+    np.testing.assert_allclose(
+        r["grad_norm"], [1.2895479099215459, 0.7919357981196604, 0.6677699089734427], rtol=1e-4
+    )
+    np.testing.assert_allclose(
+        r["isometry_gap/act"],
+        [1.9488280211375102, 1.8000533053197891, 2.0670171996215347],
+        rtol=1e-4,
+    )
+
+
+# --- dtype and input_norm ------------------------------------------------------------------------
+
+
+def test_float64_trial_is_float64_throughout_and_starts_from_its_float32_twin():
+    t64 = Trial(TrialConfig(**SMALL, dtype="float64", bias=True, bias_init="torch"))
+    t32 = Trial(TrialConfig(**SMALL, bias=True, bias_init="torch"))
+    assert all(v.dtype == torch.float64 for v in t64.params.values())
+    assert all(v.dtype == torch.float64 for v in t64.state.values())
+    assert t64.data.X_train.dtype == t64.probe[0].dtype == torch.float64
+    for k, v in t32.params.items():  # the same draws, rounded once to float32 in the twin
+        np.testing.assert_allclose(t64.params[k].detach().numpy(), v.detach().numpy(), rtol=1e-7)
+    assert torch.equal(t64.data.X_train, t32.data.X_train.double())
+    r64 = list(fit(TrialConfig(**SMALL, dtype="float64", epochs=1), threads=1))
+    r32 = list(fit(TrialConfig(**SMALL, epochs=1), threads=1))
+    assert r64[1]["train_loss"] == pytest.approx(r32[1]["train_loss"], rel=1e-4)
+    np.testing.assert_allclose(r64[1]["grad_norm"], r32[1]["grad_norm"], rtol=1e-3)
+
+
+def test_float64_orthogonal_init_is_orthogonal_to_float64_rounding():
+    t64 = Trial(TrialConfig(**SMALL, dtype="float64", init="orthogonal", norm="none", epochs=0))
+    t32 = Trial(TrialConfig(**SMALL, init="orthogonal", norm="none", epochs=0))
+    W64, W32 = t64.params["W2"].detach(), t32.params["W2"].detach()
+    eye = torch.eye(32, dtype=torch.float64)
+    assert (W64 @ W64.T - eye).abs().max() < 1e-14
+    assert (W32.double() @ W32.double().T - eye).abs().max() > 1e-9  # float32 rounding
+
+
+def test_unit_rms_inputs_reach_the_first_layer():
+    t = Trial(TrialConfig(**SMALL, input_norm="unit_rms", epochs=0))
+    plain = Trial(TrialConfig(**SMALL, epochs=0))
+    for X in (t.data.X_train, t.data.X_test, t.probe[0]):
+        np.testing.assert_allclose(X.double().pow(2).mean(dim=1).numpy(), 1.0, rtol=1e-6)
+    x, x0 = t.probe[0].double(), plain.probe[0].double()  # the same samples, rescaled
+    scale = x0.pow(2).mean(dim=1, keepdim=True).sqrt()
+    np.testing.assert_allclose(x.numpy(), (x0 / scale).numpy(), rtol=1e-6, atol=1e-7)

@@ -162,20 +162,21 @@
     if (!form) return;
     const token = form.querySelector("input[name=token]");
     const message = form.querySelector(".cancel-msg");
-    if (token) token.value = sessionStorage.getItem("isosweep-token") || "";
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
       if (!window.confirm("Cancel this sweep? Its stored results stay.")) return;
+      // Logged in, the session cookie goes along (same origin); otherwise (reads open to
+      // all) the token typed here, which is kept nowhere.
       const headers = {};
-      if (token) {
-        headers.Authorization = "Bearer " + token.value;
-        sessionStorage.setItem("isosweep-token", token.value);
-      }
+      if (token) headers.Authorization = "Bearer " + token.value;
       message.classList.remove("error");
       try {
-        const r = await fetch(form.action, { method: "POST", headers: headers });
+        const r = await fetch(form.action, {
+          method: "POST",
+          headers: headers,
+          credentials: "same-origin",
+        });
         if (!r.ok) {
-          if (r.status === 401) sessionStorage.removeItem("isosweep-token");
           message.textContent = await errorText(r);
           message.classList.add("error");
           return;

@@ -55,22 +55,40 @@ class SingleFlightCache:
         self._lock = threading.Lock()
         self.hits = 0  # answers that did not compute (tests count them)
 
+    def peek(self, key: Hashable) -> tuple[str, Any]:
+        """Without computing: ("hit", value), ("flight", the Future of the computation under
+        way) or ("miss", None)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and self._live(entry):
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return "hit", entry[2]
+            flight = self._inflight.get(key)
+            if flight is not None:
+                self.hits += 1
+                return "flight", flight
+        return "miss", None
+
+    def _live(self, entry: tuple[float, int, Any]) -> bool:
+        return entry[0] == FOREVER or time.monotonic() - entry[0] < self.ttl_s
+
     def get(self, key: Hashable, compute: Callable[[], Any], *, final: bool = False) -> Any:
         """The cached value of `key`, or compute() once. `final`: the value cannot go stale
         (a finished sweep's), so it does not expire."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and (
-                entry[0] == FOREVER or time.monotonic() - entry[0] < self.ttl_s
-            ):
+            if entry is not None and self._live(entry):
                 self._entries.move_to_end(key)
                 self.hits += 1
                 return entry[2]
-            flight = self._inflight.get(key)
-            owner = flight is None
-            if owner:
-                flight = self._inflight[key] = Future()
+            found = self._inflight.get(key)
+            owner = found is None
+            if found is None:
+                flight: Future = Future()
+                self._inflight[key] = flight
             else:
+                flight = found
                 self.hits += 1
         if not owner:
             return flight.result()

@@ -1,4 +1,4 @@
-"""service.figures: what a plot reads from the store, the per-trial filter, and the mean-field
+"""service.plots.stored: what a plot reads from the store, the per-trial filter, and the mean-field
 predictions of the theory overlay (averaged over seeds, labelled like the measured lines)."""
 
 from __future__ import annotations
@@ -6,12 +6,11 @@ from __future__ import annotations
 import matplotlib
 import numpy as np
 import pytest
-from api_support import record, unit_gram
+from records import record, unit_gram
 
-from service import figures
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.isometry import isometry_gap
-from service.plots import PLOT_KINDS
+from service.plots import PLOT_KINDS, stored
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
@@ -43,7 +42,7 @@ def test_identity_prediction_is_the_mean_input_gap_at_every_layer(store):
     # κ(ρ) = ρ for σ(x) = x (only c₁ ≠ 0): the Gram, hence the gap, never changes with depth.
     sweep, _ = _sweep(store, depth=[3, 5], activation="identity")
     frame = store.read_metrics(sweep.id, metrics="isometry_gap/norm", epoch=[0])
-    theory, title = figures.overlay_predictions(
+    theory, title = stored.overlay_predictions(
         store, frame, "isometry_gap/norm", x="depth", group_by=None, epoch=None, layer=None
     )
     assert list(theory) == ["measured"]  # one line: depth is the x axis, nothing else varies
@@ -57,7 +56,7 @@ def test_identity_prediction_is_the_mean_input_gap_at_every_layer(store):
 def test_each_line_averages_its_own_seeds_and_labels_match(store):
     sweep, _ = _sweep(store, seeds=2, depth=4, activation=["relu", "tanh"], norm="batch")
     frame = store.read_metrics(sweep.id, metrics="isometry_gap/act", epoch=[0])
-    theory, title = figures.overlay_predictions(
+    theory, title = stored.overlay_predictions(
         store, frame, "isometry_gap/act", x="layer", group_by="activation", epoch=None, layer=None
     )
     assert sorted(theory) == ["relu", "tanh"]
@@ -70,7 +69,7 @@ def test_each_line_averages_its_own_seeds_and_labels_match(store):
 
 def test_overlay_renders_with_predictions_and_without_a_gram(store):
     sweep, _ = _sweep(store, seeds=2, depth=[2, 3])
-    png = figures.make_plot(store, sweep.id, "theory_overlay", metric="isometry_gap/norm")
+    png = stored.make_plot(store, sweep.id, "theory_overlay", metric="isometry_gap/norm")
     assert png.startswith(b"\x89PNG")
     big = parse_spec(
         {
@@ -88,7 +87,7 @@ def test_overlay_renders_with_predictions_and_without_a_gram(store):
     (t,), _ = store.list_trials(s2.id)
     store.write_records([(t.id, record(t.id, 0, 2, input_gram=unit_gram(4, 1)))])
     frame = store.read_metrics(s2.id, metrics="isometry_gap/norm", epoch=[0])
-    theory, title = figures.overlay_predictions(
+    theory, title = stored.overlay_predictions(
         store, frame, "isometry_gap/norm", x=None, group_by=None, epoch=None, layer=None
     )
     assert theory == {} and "no prediction for 0 (gain" in title  # gain 8 > 5; line "epoch 0"
@@ -112,27 +111,27 @@ def test_overlay_renders_with_predictions_and_without_a_gram(store):
     ],
 )
 def test_a_plot_reads_only_the_epochs_it_draws(kind, epoch, x, group_by, reads):
-    assert figures.epochs_to_read(kind, epoch, x, group_by) == reads
+    assert stored.epochs_to_read(kind, epoch, x, group_by) == reads
 
 
 def test_one_trial_and_its_errors(store):
     sweep, trials = _sweep(store, seeds=2, depth=[2, 3])
     chosen = trials[2]
-    where = figures._one_trial(store, sweep.id, chosen.id, {})
+    where = stored._one_trial(store, sweep.id, chosen.id, {})
     frame = store.read_metrics(sweep.id, metrics="train_loss", where=where)
     assert set(frame["trial_id"]) == {chosen.id} and len(frame) == 2
-    clash = figures._one_trial(store, sweep.id, chosen.id, {"depth": [2]})  # chosen has depth 3
+    clash = stored._one_trial(store, sweep.id, chosen.id, {"depth": [2]})  # chosen has depth 3
     assert store.read_metrics(sweep.id, metrics="train_loss", where=clash).empty
     other, _ = _sweep(store, seeds=1, depth=2)
     with pytest.raises(NotFound, match=f"belongs to sweep {sweep.id}"):
-        figures.make_plot(
+        stored.make_plot(
             store, other.id, "training_curves", metric="train_loss", trial_id=chosen.id
         )
     with pytest.raises(NotFound) as exc:
-        figures.make_plot(store, sweep.id, "violin", metric="train_loss")
+        stored.make_plot(store, sweep.id, "violin", metric="train_loss")
     assert all(k in exc.value.message for k in PLOT_KINDS)
     with pytest.raises(InvalidInput) as bad:
-        figures.make_plot(store, sweep.id, "heatmap", metric="train_loss", fmt="jpeg")
+        stored.make_plot(store, sweep.id, "heatmap", metric="train_loss", fmt="jpeg")
     assert bad.value.field == "format"
 
 
@@ -156,7 +155,7 @@ def test_one_trial_and_its_errors(store):
     ],
 )
 def test_a_plot_reads_only_the_layers_it_draws(kind, layer, x, group_by, depths, reads):
-    assert figures.layers_to_read(kind, layer, x, group_by, depths) == reads
+    assert stored.layers_to_read(kind, layer, x, group_by, depths) == reads
 
 
 @pytest.mark.parametrize(
@@ -177,20 +176,20 @@ def test_a_single_layer_plot_reads_one_layer_and_draws_the_same(
         sweep, _ = _sweep(store, seeds=2, n=4, depth=[10, 20])  # 2 × 10 + 2 × 20 values per metric
     small = Settings(max_points=40)  # fewer than every layer of one metric at one epoch, × 2
     with Store(sqlite_url, settings=small) as store, matplotlib.rc_context({"svg.hashsalt": "t"}):
-        plot = figures.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
+        plot = stored.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
         assert plot.lstrip().startswith(b"<?xml")
-        monkeypatch.setattr(figures, "layers_to_read", lambda *args: None)  # as it was
+        monkeypatch.setattr(stored, "layers_to_read", lambda *args: None)  # as it was
         with pytest.raises(LimitExceeded):
-            figures.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
+            stored.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
     with Store(sqlite_url) as store, matplotlib.rc_context({"svg.hashsalt": "t"}):
-        every_layer = figures.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
+        every_layer = stored.make_plot(store, sweep.id, kind, metric=metric, fmt="svg", **options)
     assert plot == every_layer  # the same figure, byte for byte
 
 
 def test_a_layer_a_trial_lacks_is_still_named(store):
     sweep, _ = _sweep(store, seeds=1, depth=[3, 5])
     with pytest.raises(InvalidInput) as exc:
-        figures.make_plot(store, sweep.id, "depth_scaling", metric="grad_norm", layer=7)
+        stored.make_plot(store, sweep.id, "depth_scaling", metric="grad_norm", layer=7)
     assert exc.value.field == "layer" and exc.value.allowed == ["1..5", "-1..-5"]
 
 
@@ -200,7 +199,7 @@ def test_the_prediction_uses_the_init_gain_and_the_centering(store):
         norm=["layer", "layer_scale"],
     )  # fmt: skip
     frame = store.read_metrics(sweep.id, metrics="isometry_gap/act", epoch=[0])
-    theory, title = figures.overlay_predictions(
+    theory, title = stored.overlay_predictions(
         store, frame, "isometry_gap/act", x="layer", group_by="init_gain", epoch=None, layer=None
     )
     assert sorted(theory) == ["1, layer", "1, layer_scale", "2, layer", "2, layer_scale"]
@@ -222,5 +221,5 @@ def test_each_gap_metric_has_its_theory_stage():
     from service.plots import GAP_METRICS
     from service.theory import STAGES
 
-    assert list(figures.STAGE_OF) == list(GAP_METRICS)
-    assert sorted(figures.STAGE_OF.values()) == sorted(STAGES)
+    assert list(stored.STAGE_OF) == list(GAP_METRICS)
+    assert sorted(stored.STAGE_OF.values()) == sorted(STAGES)

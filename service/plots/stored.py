@@ -6,10 +6,13 @@ Reads are bounded by the store (Settings.max_points) and narrowed to what the ki
 epoch when the plot shows one, each trial's last epoch for `last`, epoch 0 for the theory
 overlay's default; one layer of each trial when the plot shows one. For `theory_overlay` each
 measured line gets the mean-field prediction of Joudaki et al. 2023 (Thm 5.1;
-service.theory.mean_field_gaps) from its trials' input Grams, averaged over seeds, with the
-trials' gain α·g and centering. The prediction is for Gaussian-initialized LayerNorm MLPs
-(centered, or scale-only `layer_scale`) in act_norm order (Linear → σ → center → normalize);
-the title says so when the sweep's configs differ.
+service.theory.mean_field_gaps) from its trials' input Grams and input moments ‖xᵢ‖²/d_in
+(the first layer meets each sample at its own variance; trials recorded without moments start at
+unit variance), averaged over seeds, with the trials' gain α·g (times √s of the init, see
+`theory_inputs`) and centering. The prediction is for LayerNorm MLPs (centered, or scale-only
+`layer_scale`) in act_norm order (Linear → σ → center → normalize); the title says so when the
+sweep's configs differ. A hidden layer's torch-initialized bias (variance 1/(3·width)) is left
+out: it vanishes with the width. docs/science.md derives the rest.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from service.config import CONFIG_FIELDS, TrialConfig
+from service.config import CONFIG_FIELDS, DATASET_SHAPES, TrialConfig
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.plots import (
     FORMATS,
@@ -40,7 +43,7 @@ STAGE_OF = {m: m.removeprefix("isometry_gap/") for m in GAP_METRICS}
 THEORY_SETTING: dict[str, tuple[str, ...]] = {
     "norm": ("layer", "layer_scale"),
     "order": ("act_norm",),
-    "init": ("gaussian",),
+    "init": ("gaussian", "xavier", "kaiming", "orthogonal"),  # each init's variance: theory_inputs
 }
 MAX_THEORY_SEEDS = 10  # seeds whose input Grams are averaged into one predicted line
 EpochArg = int | str | None  # a number, "last", or None (the kind's default)
@@ -265,23 +268,13 @@ _LOCK = threading.Lock()
 
 
 def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
-    """Mean-field gaps (depth,) from the trial's input Gram, or None when none is stored.
-    Cached: a trial's input Gram (epoch 0, fixed by its seed) does not change."""
+    """Mean-field gaps (depth,) from the trial's input Gram and input moments, or None when no
+    Gram is stored. Cached: both are recorded with epoch 0 and fixed by the seed (and input_norm).
+
+    Trials recorded before `input_moments` existed get the unit-variance prediction."""
     c = trial.config
     source = trial.results_from or trial.id
-    gain = c["activation_gain"] * c["init_gain"]  # N(0, g²/fan_in): pre-activations scale by g
-    centered = c["norm"] != "layer_scale"
-    key = (
-        store.url,
-        source,
-        stage,
-        c["activation"],
-        c["depth"],
-        c["activation_gain"],
-        c["init_gain"],
-        c["gain_exponent"],
-        c["norm"],
-    )
+    key = (store.url, source, stage, *(c.get(f) for f in PREDICTION_FIELDS))
     with _LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
@@ -291,6 +284,7 @@ def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
         return None  # not cached: the Gram may arrive later
     from service.theory import mean_field_gaps
 
+    gain, gram, variances = theory_inputs(c, gram, store.input_moments(trial.id))
     gaps = mean_field_gaps(
         c["activation"],
         c["depth"],
@@ -298,13 +292,66 @@ def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
         gain=gain,
         gain_exponent=c["gain_exponent"],
         stage=stage,
-        centered=centered,
+        centered=c["norm"] != "layer_scale",
+        input_variances=variances,
     )
     with _LOCK:
         _CACHE[key] = gaps
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return gaps
+
+
+# What a trial's prediction depends on besides its stored Gram and moments (the cache key).
+PREDICTION_FIELDS = (
+    "activation",
+    "depth",
+    "activation_gain",
+    "init_gain",
+    "gain_exponent",
+    "norm",
+    "init",
+    "width",
+    "dataset",
+    "orthogonal_gain",
+    "bias",
+    "bias_init",
+    "input_norm",
+)
+
+
+def theory_inputs(
+    config: dict[str, Any], gram: np.ndarray, moments: np.ndarray | None
+) -> tuple[float, np.ndarray, np.ndarray | None]:
+    """(gain, first-layer covariance, its diagonal) for service.theory.mean_field_gaps.
+
+    A Linear with init gain g multiplies the mean square of its input by s·g², s =
+    service.theory.weight_variance_scale(init, fan_in, fan_out); the hidden layers' inputs are
+    normalized (mean square 1), so their pre-activations have variance s_h·g² and the recursion's
+    gain is α·g·√s_h. The first layer's pre-activation covariance, in units of (g²·s_h), is
+    Q_ij = (s₁/s_h)·√(mᵢmⱼ)·ρᵢⱼ + v_b/(g²·s_h), mᵢ = ‖xᵢ‖²/d_in (the stored input moments), ρ the
+    input Gram, v_b = 1/(3·d_in) for torch's uniform bias init (else 0). Without moments (older
+    trials) the Gram is returned as it is and the first layer is taken at unit variance.
+    """
+    from service.theory import unit_gram, weight_variance_scale
+
+    scaled = config["init"] != "orthogonal" or config.get("orthogonal_gain", True)
+    g = config["init_gain"] if scaled else 1.0
+    d_in, width = DATASET_SHAPES[config["dataset"]][0], config["width"]
+    s_h = weight_variance_scale(config["init"], width, width)
+    gain = config["activation_gain"] * g * float(np.sqrt(s_h))
+    if moments is None:
+        return gain, gram, None
+    m = np.asarray(moments, dtype=np.float64)
+    if m.shape != (np.shape(gram)[0],):
+        raise InvalidInput(
+            f"has shape {m.shape}, the input Gram {np.shape(gram)}", field="input_moments"
+        )
+    s_1 = weight_variance_scale(config["init"], d_in, width)
+    Q = s_1 / s_h * np.sqrt(np.outer(m, m)) * unit_gram(gram)
+    if config.get("bias") and config.get("bias_init") == "torch":
+        Q = Q + 1.0 / (3.0 * d_in) / (g**2 * s_h)
+    return gain, Q, np.diag(Q).copy()
 
 
 def _title(metric: str, configs: list[dict], skipped: list[str]) -> str:

@@ -4,15 +4,15 @@ FastAPI body model) so that both media types work and every error names the spec
 
 from __future__ import annotations
 
-import json
 from email.message import Message
 from typing import Any
 
 from fastapi import Request
 
 from service.config import TrialConfig
+from service.documents import load_json
 from service.errors import InvalidInput
-from service.spec import SWEPT_BY_SPEC, SweepSpec
+from service.spec import SWEPT_BY_SPEC, SweepSpec, max_nodes
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
@@ -60,6 +60,9 @@ async def read_spec(request: Request) -> dict[str, Any] | str:
     """The request's spec, not yet validated: a parsed JSON document, or YAML text, for
     service.spec.parse_spec (which validates it and refuses what no database can store).
 
+    JSON is read strictly (service.documents.load_json): duplicate keys, NaN literals, integers
+    of more than 100 digits and documents nested too deeply or too large are refused.
+
     Raises:
         InvalidInput: (field `body`) an empty body, malformed JSON, text that is not UTF-8, an
             unsupported media type.
@@ -76,15 +79,7 @@ async def read_spec(request: Request) -> dict[str, Any] | str:
             field="body",
             allowed=["application/json", *YAML_TYPES],
         )
-    try:
-        data = json.loads(_utf8(raw))
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(
-            f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}", field="body"
-        ) from None
-    except RecursionError:
-        raise InvalidInput("the JSON document is nested too deeply", field="body") from None
-    return data
+    return load_json(_utf8(raw), max_nodes=max_nodes(request.app.state.settings))
 
 
 def _media_type(header: str | None) -> str | None:

@@ -1,0 +1,164 @@
+"""One bound, for the whole process, on the heavy reads: metric frames (JSON, CSV, Parquet) and
+plots. At most Settings.max_heavy_reads of them compute at once, each on a worker thread of
+their own pool (never on the event loop, never in the threadpool the light routes share), so
+/healthz, status and paging answer while they run. One more is a 503 with Retry-After at once,
+not a queue that grows with the load. A plot that takes over Settings.plot_timeout_s is a 504;
+its work goes on in the background, still counted against the bound, and lands in the read
+cache for the retry.
+
+A cached answer (or one another request is computing: the cache's single flight) costs no
+slot. When the last heavy read ends, the C heap's free pages go back to the OS
+(malloc_trim(0) on glibc), so that the process's RSS falls back after a burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import threading
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from api.cache import SingleFlightCache
+from service.settings import Settings
+
+T = TypeVar("T")
+RETRY_AFTER_S = 2  # what a refused heavy read is told to wait
+LIGHT_ROWS = 10_000  # a cached frame this small is served without a slot
+
+BUSY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {
+        "description": "the database is unreachable, or ISOSWEEP_MAX_HEAVY_READS heavy reads "
+        "are running (then with Retry-After)"
+    },
+}
+PLOT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **BUSY_RESPONSES,
+    504: {"description": "the plot took over ISOSWEEP_PLOT_TIMEOUT_S; retry shortly"},
+}
+
+
+def _malloc_trim() -> Callable[[], Any] | None:
+    """glibc's malloc_trim(0), or None on another C library."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
+    if trim is None:
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
+MALLOC_TRIM = _malloc_trim()
+
+
+class HeavyReads:
+    """At most `limit` heavy reads at once, on a pool of `limit` threads."""
+
+    def __init__(self, limit: int, plot_timeout_s: float):
+        self.limit = limit
+        self.plot_timeout_s = plot_timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="isosweep-heavy")
+        self._lock = threading.Lock()
+        self.running = 0
+        self.refused = 0  # 503s so far (tests count them)
+        self.trims = 0  # malloc_trim calls so far
+
+    def admit(self) -> Callable[[], None]:
+        """Take a slot, or raise the 503. Returns the slot's release (idempotent)."""
+        with self._lock:
+            if self.running >= self.limit:
+                self.refused += 1
+                raise HTTPException(
+                    503,
+                    f"the server is busy: {self.limit} heavy reads (metrics, CSV, Parquet, "
+                    f"plots) are running, the most ISOSWEEP_MAX_HEAVY_READS allows; retry after "
+                    f"{RETRY_AFTER_S} s",
+                    headers={"Retry-After": str(RETRY_AFTER_S)},
+                )
+            self.running += 1
+        released = threading.Event()
+
+        def release() -> None:
+            with self._lock:
+                if released.is_set():
+                    return
+                released.set()
+                self.running -= 1
+                idle = self.running == 0
+            if idle and MALLOC_TRIM is not None:
+                MALLOC_TRIM()
+                self.trims += 1
+
+        return release
+
+    async def run(
+        self, fn: Callable[[], T], *, timeout_s: float | None = None, what: str = "the read"
+    ) -> T:
+        """fn() on a heavy-read worker, in a slot it holds until fn returns."""
+        release = self.admit()
+        try:
+            job = self._pool.submit(fn)
+        except BaseException:
+            release()
+            raise
+        job.add_done_callback(lambda _: release())
+        return await self.wait(job, timeout_s, what)
+
+    async def wait(self, job: Future, timeout_s: float | None, what: str) -> Any:
+        """The job's result; past timeout_s a 504 (the job itself goes on)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(job)), timeout_s)
+        except TimeoutError:
+            raise HTTPException(
+                504,
+                f"{what} took over {timeout_s:g} s (ISOSWEEP_PLOT_TIMEOUT_S); it goes on in the "
+                "background and is cached when done: retry shortly, or narrow it (filters, one "
+                "epoch, one layer)",
+            ) from None
+
+    async def cached(
+        self,
+        cache: SingleFlightCache,
+        key: Hashable,
+        compute: Callable[[], Any],
+        *,
+        final: bool,
+        timeout_s: float | None = None,
+        what: str = "the read",
+    ) -> Any:
+        """cache.get(key, compute) with a slot only for a miss: a hit, or a key another request
+        is computing, is waited for on the event loop."""
+        state, found = cache.peek(key)
+        if state == "hit":
+            return found
+        if state == "flight":
+            return await self.wait(found, timeout_s, what)
+        return await self.run(
+            lambda: cache.get(key, compute, final=final), timeout_s=timeout_s, what=what
+        )
+
+    async def call(self, fn: Callable[[], T], *, heavy: bool) -> T:
+        """fn() in a slot when `heavy`, else on the light routes' threadpool."""
+        return await (self.run(fn) if heavy else run_in_threadpool(fn))
+
+
+def make_heavy_reads(settings: Settings) -> HeavyReads:
+    return HeavyReads(settings.max_heavy_reads, settings.plot_timeout_s)
+
+
+async def get_heavy_reads(request: Request) -> HeavyReads:
+    """The app's HeavyReads, made on first use (on the event loop: no race)."""
+    state = request.app.state
+    heavy = getattr(state, "heavy_reads", None)
+    if heavy is None:
+        heavy = state.heavy_reads = make_heavy_reads(state.settings)
+    return heavy

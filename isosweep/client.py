@@ -1,0 +1,461 @@
+"""`isosweep.Client`: the REST API (docs/api.md) from Python, with results as pandas DataFrames.
+
+    with isosweep.Client("http://lab:8000", token="…") as c:
+        sweep = c.submit("examples/demo.yaml", wait=True)     # a progress bar until it finishes
+        grads = c.metrics(sweep["id"], metric="grad_norm", layer=1, epoch=0, aggregate=True)
+        c.plot(sweep["id"], "depth_scaling", metric="grad_norm", path="grad.png")
+
+The server is `url` (default ISOSWEEP_API_URL, else http://127.0.0.1:8000), the token `token`
+(default ISOSWEEP_API_TOKEN), sent as `Authorization: Bearer …`. NaN and ±inf travel as the
+strings "NaN", "Infinity", "-Infinity" (service.jsonfmt); every numeric column of a returned
+DataFrame holds them as floats again. An error answer raises ApiError with the server's type,
+message, field and allowed values; a server that cannot be reached raises ApiUnreachable.
+
+The `isosweep` CLI's REST commands (api/cli/client.py) share the URL, token, spec-reading and
+error-message pieces below. httpx and pandas are imported when first needed, so importing this
+module (and the CLI) stays light.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service import jsonfmt
+from service.errors import IsosweepError
+from service.jsonfmt import NONFINITE, decode_float
+from service.status import SweepStatus
+
+if TYPE_CHECKING:
+    import httpx
+    import pandas as pd
+
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+PREFIX = "/api/v1"
+METRICS_PAGE_ROWS = 100_000  # the metrics route's largest JSON page (its MAX_JSON_ROWS)
+TRIALS_PAGE_ROWS = 1000  # the trials route's largest page by default (ISOSWEEP_MAX_PAGE_SIZE)
+TOKEN_HINT = " (set ISOSWEEP_API_TOKEN to the server's token)"
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class ClientError(IsosweepError):
+    """Base class of what the client raises: a spec it cannot read, an unreachable server, an
+    error answer (ApiError)."""
+
+
+class SpecError(ClientError):
+    """A spec the client cannot send: an unreadable file, text that is not YAML or JSON."""
+
+
+class ApiUnreachable(ClientError):
+    """No answer: nothing listens at the URL, or the server did not answer in time."""
+
+
+class ApiError(ClientError):
+    """An error answer, in the API's one shape `{"error": {type, message, field, allowed}}`.
+
+    Attributes: status (HTTP code), type ("invalid_input", "not_found", "unauthorized", …),
+    message, field (the offending parameter or spec field, dotted, or None), allowed (the
+    values the field takes, or None).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        type: str = "error",
+        field: str | None = None,
+        allowed: list[str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.field = field
+        self.allowed = allowed
+
+    def __str__(self) -> str:
+        return f"{self.message} (HTTP {self.status}){TOKEN_HINT if self.status == 401 else ''}"
+
+    @classmethod
+    def from_response(cls, r: httpx.Response) -> ApiError:
+        """The error of an answer ≥ 400; a body not in the API's shape gives its text."""
+        try:
+            error = r.json()["error"]
+            message = str(error["message"])
+        except (ValueError, KeyError, TypeError):
+            return cls(r.text.strip()[:300] or r.reason_phrase, status=r.status_code)
+        allowed = error.get("allowed")
+        return cls(
+            message,
+            status=r.status_code,
+            type=str(error.get("type") or "error"),
+            field=error.get("field"),
+            allowed=list(allowed) if allowed is not None else None,
+        )
+
+
+# --- what the CLI shares ----------------------------------------------------------------------
+
+
+def base_url(url: str | None = None) -> str:
+    """The server's base URL: `url`, else ISOSWEEP_API_URL, else DEFAULT_API_URL, without a
+    trailing slash or /api/v1 (either spelling works)."""
+    url = (url or os.environ.get("ISOSWEEP_API_URL") or DEFAULT_API_URL).rstrip("/")
+    return url.removesuffix(PREFIX)
+
+
+def auth_headers(token: str | None = None) -> dict[str, str]:
+    """The bearer header for `token` (default ISOSWEEP_API_TOKEN); none without a token."""
+    token = os.environ.get("ISOSWEEP_API_TOKEN") if token is None else token
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def unreachable(url: str, exc: Exception, *, where: str) -> ApiUnreachable:
+    """A transport failure that names the server's URL and says how to point elsewhere."""
+    import httpx
+
+    if isinstance(exc, httpx.TimeoutException):
+        return ApiUnreachable(f"the API at {url} did not answer in time")
+    if isinstance(exc, httpx.ConnectError):
+        return ApiUnreachable(
+            f"cannot connect to the isosweep API at {url} ({exc}); "
+            f"is `isosweep serve` running there? Set {where}"
+        )
+    return ApiUnreachable(f"talking to {url}: {exc}")
+
+
+def spec_body(spec: Mapping[str, Any] | str | Path, *, rerun: bool = False) -> tuple[bytes, str]:
+    """A sweep spec as the request body and its media type.
+
+    `spec`: a mapping (sent as JSON; numpy values become numbers, NaN/±inf the API's
+    spellings), a pathlib.Path or a str naming an existing file (.json is
+    sent as JSON, anything else as YAML), or YAML/JSON text. With `rerun`, the spec gets
+    `rerun: true` (run every trial even when results are stored).
+
+    Raises:
+        SpecError: an unreadable file, a str that looks like a missing file's name, text that is
+            not YAML or JSON, a spec that is not a mapping.
+    """
+    if isinstance(spec, Mapping):
+        data = {**spec, "rerun": True} if rerun else dict(spec)
+        return jsonfmt.dumps(data, default=str).encode(), "application/json"
+    path = _spec_path(spec)
+    where = str(path) if path else "the spec"
+    if path is None:
+        text, media = str(spec), "application/yaml"
+    else:
+        text = _read_text(path)
+        media = "application/json" if path.suffix.lower() == ".json" else "application/yaml"
+    if not rerun:
+        return text.encode(), media
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{where} is not YAML or JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{where}: a sweep spec is a mapping (name, parameters, …)")
+    return jsonfmt.dumps({**data, "rerun": True}, default=str).encode(), "application/json"
+
+
+def _spec_path(spec: str | Path) -> Path | None:
+    """The file a spec names, or None for spec text."""
+    if isinstance(spec, Path):
+        return spec
+    one_line = "\n" not in spec and len(spec) < 4096
+    if one_line and Path(spec).is_file():
+        return Path(spec)
+    if one_line and spec.strip().lower().endswith(SPEC_SUFFIXES):
+        raise SpecError(f"no spec file {spec!r} (give a path, YAML/JSON text or a dict)")
+    return None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path} is not UTF-8 text") from None
+
+
+# --- frames -----------------------------------------------------------------------------------
+
+
+def _numeric_cell(v: Any) -> bool:
+    if isinstance(v, str):
+        return v in NONFINITE
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+
+def decode_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Turn the spellings "NaN", "Infinity", "-Infinity" back into floats, in place, in every
+    column whose cells are all numbers, nulls or those spellings (at least one of them). A
+    column with any other string (a config field such as `init`, the metric's name) stays."""
+    import pandas as pd
+
+    for name in frame.columns:
+        col = frame[name]
+        if pd.api.types.is_numeric_dtype(col) or pd.api.types.is_bool_dtype(col):
+            continue
+        cells = col.tolist()
+        spelled = any(isinstance(v, str) for v in cells)
+        if spelled and all(_numeric_cell(v) for v in cells):
+            frame[name] = pd.Series([decode_float(v) for v in cells], index=col.index, dtype=float)
+    return frame
+
+
+def _params(where: Mapping[str, Any] | None = None, **given: Any) -> list[tuple[str, Any]]:
+    """Query parameters: a list value repeats its key; None leaves it out; config filters from
+    `where` ({"depth": [2, 8], "init": "orthogonal"}); booleans as true/false."""
+    items: list[tuple[str, Any]] = []
+    for key, value in [*given.items(), *(where or {}).items()]:
+        scalar = isinstance(value, str | bytes) or not isinstance(value, Iterable)
+        values = [value] if scalar else list(value)  # lists, tuples, numpy arrays, ranges
+        items += [(key, v) for v in values if v is not None]  # httpx spells True "true"
+    return items
+
+
+def _is_finished(status: str) -> bool:
+    return SweepStatus(status).is_finished()
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
+class Client:
+    """An isosweep server's REST API (docs/api.md, docs/python.md).
+
+    Args:
+        url: the server (default ISOSWEEP_API_URL, else http://127.0.0.1:8000); with or
+            without the /api/v1 suffix.
+        token: the server's ISOSWEEP_API_TOKEN (default: this process's ISOSWEEP_API_TOKEN).
+        timeout: seconds per request.
+    """
+
+    def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = 60.0):
+        import httpx
+
+        self.url = base_url(url)
+        self._http = httpx.Client(
+            base_url=self.url + PREFIX, headers=auth_headers(token), timeout=timeout
+        )
+
+    def __repr__(self) -> str:
+        return f"isosweep.Client({self.url!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # --- requests
+
+    def request(self, method: str, path: str, *, ok: Iterable[int] = (), **kw: Any):
+        """One request under /api/v1; an answer ≥ 400 (other than `ok`) raises ApiError."""
+        import httpx
+
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise unreachable(self.url, exc, where="Client(url=…) or ISOSWEEP_API_URL") from None
+        if r.status_code >= 400 and r.status_code not in ok:
+            raise ApiError.from_response(r)
+        return r
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        return self.request(method, path, **kw).json()
+
+    def _page(self, path: str, params: list, offset: int, size: int) -> tuple[dict, int]:
+        """One page and the page size that worked: a server whose page limit is below `size`
+        (ISOSWEEP_MAX_PAGE_SIZE) refuses it naming `limit`, and the size is halved."""
+        while True:
+            query = [*params, ("offset", offset), ("limit", size)]
+            try:
+                return self._json("GET", path, params=query), size
+            except ApiError as exc:
+                if exc.field != "limit" or size == 1:
+                    raise
+                size //= 2
+
+    def _pages(self, path: str, params: list, size: int) -> tuple[list[dict], list | None]:
+        """Every row of a paged route ({data, count[, columns]}), `size` rows a request. A
+        count that changes between pages (a running sweep's new rows) starts again, twice."""
+        for _ in range(3):
+            page, size = self._page(path, params, 0, size)
+            rows, count = list(page["data"]), page["count"]
+            while len(rows) < count and page["data"]:
+                page, size = self._page(path, params, len(rows), size)
+                if page["count"] != count:
+                    break
+                rows += page["data"]
+            else:
+                return rows, page.get("columns")
+        raise ClientError(
+            f"the rows of {path} changed during every read (a running sweep): read again, "
+            "or narrow the query (e.g. epoch=0)"
+        )
+
+    # --- sweeps
+
+    def health(self) -> dict[str, Any]:
+        """GET /healthz: {"status": "ok" | "degraded", "database", "ray", …} (a degraded
+        server answers 503 with the same shape: returned, not raised)."""
+        return self._json("GET", "/healthz", ok=(503,))
+
+    def submit(
+        self,
+        spec: Mapping[str, Any] | str | Path,
+        *,
+        rerun: bool = False,
+        wait: bool = False,
+        poll_s: float = 1.0,
+        progress: bool = True,
+    ) -> dict[str, Any]:
+        """Submit a sweep spec (a dict, YAML/JSON text, or a path); the sweep as the API
+        describes it (id, status, counts, n_trials, progress, spec, …). With `wait`, the
+        finished sweep (see `wait`)."""
+        body, media = spec_body(spec, rerun=rerun)
+        sweep = self._json("POST", "/sweeps", content=body, headers={"Content-Type": media})
+        if wait:
+            return self.wait(sweep["id"], poll_s=poll_s, progress=progress)
+        return sweep
+
+    def wait(
+        self,
+        sweep_id: int,
+        *,
+        poll_s: float = 1.0,
+        progress: bool = True,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """Poll the sweep until it is completed, failed or cancelled, and return it. With
+        `progress`, the CLI's progress bar (trials done, epochs recorded, ETA) on stderr.
+
+        Raises:
+            TimeoutError: not finished after `timeout_s` seconds (the sweep runs on). An
+                interrupt (KeyboardInterrupt) likewise leaves it running: cancel(id) stops it.
+        """
+        from api.cli.display import SweepBar  # rich only: the bar `isosweep submit` draws
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with SweepBar(sweep_id, quiet=not progress) as bar:
+            while True:
+                sweep = self.sweep(sweep_id)
+                bar.show_sweep(sweep)
+                if _is_finished(sweep["status"]):
+                    return sweep
+                if deadline is not None and time.monotonic() + poll_s > deadline:
+                    raise TimeoutError(
+                        f"sweep {sweep_id} is still {sweep['status']} after {timeout_s} s "
+                        "(it runs on; cancel it with Client.cancel)"
+                    )
+                time.sleep(poll_s)
+
+    def sweep(self, sweep_id: int) -> dict[str, Any]:
+        """One sweep: status, counts by trial status, n_trials, progress, eta_s, spec, …"""
+        return self._json("GET", f"/sweeps/{sweep_id}")
+
+    def sweeps(self, *, status: str | None = None) -> list[dict[str, Any]]:
+        """Every sweep (or those with `status`), newest first."""
+        rows, _ = self._pages("/sweeps", _params(status=status), TRIALS_PAGE_ROWS)
+        return rows
+
+    def cancel(self, sweep_id: int) -> dict[str, Any]:
+        """Cancel a sweep: queued trials stop at once, running ones soon; stored results stay.
+        Returns the sweep (still `running` until its runner has stopped)."""
+        return self._json("POST", f"/sweeps/{sweep_id}/cancel")
+
+    # --- results
+
+    def trials(
+        self, sweep_id: int, *, status: str | None = None, where: Mapping[str, Any] | None = None
+    ) -> pd.DataFrame:
+        """A sweep's trials in expansion order, one row each: trial_id, index, every config
+        field as a column, status, attempts, epochs_done, epochs_total, last_epoch,
+        diverged_epoch, results_from, error, started_at/finished_at (datetimes), and the last
+        epoch's scalar metrics as `summary.<metric>` (floats, NaN/±inf included). `where`
+        filters on config fields ({"depth": [2, 8]})."""
+        import pandas as pd
+
+        params = _params(where, status=status)
+        rows, _ = self._pages(f"/sweeps/{sweep_id}/trials", params, TRIALS_PAGE_ROWS)
+        frame = pd.DataFrame([_trial_row(t) for t in rows])
+        for name in ("started_at", "finished_at"):
+            if name in frame:
+                frame[name] = pd.to_datetime(frame[name], format="ISO8601", utc=True)
+        return decode_frame(frame)
+
+    def metrics(
+        self,
+        sweep_id: int,
+        *,
+        metric: str | Iterable[str] | None = None,
+        epoch: int | str | Iterable[int] | None = None,
+        layer: int | Iterable[int] | None = None,
+        where: Mapping[str, Any] | None = None,
+        aggregate: bool = False,
+    ) -> pd.DataFrame:
+        """The sweep's tidy rows (docs/api.md, "Metrics"), every page of them: trial_id, the
+        swept config fields, epoch, metric, layer (NaN for scalar metrics), value; with
+        `aggregate`, pooled over seeds: mean, std, ci95, count, n_finite. `epoch` may be
+        "last" (each trial's highest stored epoch). Values are floats, NaN and ±inf included.
+
+        Raises:
+            ApiError: an unknown metric, field or value (named in .field), or a query over the
+                server's ISOSWEEP_MAX_POINTS (narrow it with metric, epoch, layer or where).
+        """
+        import pandas as pd
+
+        params = _params(where, metric=metric, epoch=epoch, layer=layer, aggregate=aggregate)
+        rows, columns = self._pages(f"/sweeps/{sweep_id}/metrics", params, METRICS_PAGE_ROWS)
+        return decode_frame(pd.DataFrame(rows, columns=columns))
+
+    def plot(
+        self,
+        sweep_id: int,
+        kind: str,
+        *,
+        format: str | None = None,
+        path: str | Path | None = None,
+        where: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> bytes:
+        """A figure of the sweep, drawn by the server (docs/plots.md): `kind` one of
+        layer_profile, depth_scaling, training_curves, heatmap, theory_overlay; `params` the
+        route's (metric, x, group_by, epoch, layer, trial). PNG or SVG bytes (`format`, default
+        from `path`'s suffix, else png), also written to `path` when given."""
+        if format is None:
+            format = "svg" if path is not None and Path(path).suffix.lower() == ".svg" else "png"
+        query = _params(where, format=format, **params)
+        image = self.request("GET", f"/sweeps/{sweep_id}/plots/{kind}", params=query).content
+        if path is not None:
+            Path(path).write_bytes(image)
+        return image
+
+
+TRIAL_KEYS = ("status", "attempts", "epochs_done", "epochs_total", "last_epoch",
+              "diverged_epoch", "results_from", "error", "started_at", "finished_at",
+              "config_hash", "sweep_id")  # fmt: skip
+
+
+def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
+    """A TrialPublic as one flat row: config fields bare (prefixed `config.` should one ever
+    share a trial key's name), the summary's metrics as `summary.<metric>`."""
+    row: dict[str, Any] = {"trial_id": t["id"], "index": t["index"]}
+    taken = {"trial_id", "index", *TRIAL_KEYS}
+    row |= {(f"config.{k}" if k in taken else k): v for k, v in t["config"].items()}
+    row |= {k: t[k] for k in TRIAL_KEYS if k in t}
+    row |= {f"summary.{k}": v for k, v in t["summary"].items()}
+    return row

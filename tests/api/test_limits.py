@@ -1,0 +1,189 @@
+"""The heavy-read bound through a live server: past max_heavy_reads a 503 with Retry-After, a
+plot past plot_timeout_s a 504 whose work still lands in the cache, requests waiting on a plot
+another one is drawing hold no slot and leave the light routes answering; and one default
+metric per plot kind for the REST route and the dashboard."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+from api_support import record, spec, submit, unit_gram
+
+from api.app import create_app
+from api.cache import sweep_version
+from api.dashboard import views
+from api.server import ServerThread
+from service.plots import PLOT_KINDS
+from service.plots.defaults import DEFAULT_METRIC, default_metric
+from service.settings import Settings
+from service.store import Store
+
+pytestmark = pytest.mark.sqlite_only  # the bound is the process's, whatever the database
+
+
+@pytest.fixture
+def serve(sqlite_url):
+    """serve(**settings) → (app, client of /api/v1); all stopped afterwards."""
+    started: list[tuple[ServerThread, Store, httpx.Client]] = []
+
+    def start(**overrides: Any) -> tuple[Any, httpx.Client]:
+        settings = Settings(database_url=sqlite_url, **overrides)
+        store = Store(sqlite_url, settings=settings)
+        app = create_app(settings, store=store)
+        server = ServerThread(app).start()
+        client = httpx.Client(base_url=f"{server.url}/api/v1", timeout=60)
+        started.append((server, store, client))
+        return app, client
+
+    yield start
+    for server, store, client in started:
+        client.close()
+        server.stop()
+        store.close()
+
+
+class _Client:  # what api_support.submit needs
+    def __init__(self, client: httpx.Client):
+        self.post = client.post
+
+
+def _finished_sweep(app: Any, client: httpx.Client, **parameters: Any) -> int:
+    """A completed sweep with every epoch of every trial stored (its cache entries are final)."""
+    store = app.state.store
+    sweep = submit(_Client(client), spec("lim", seeds=2, **parameters))
+    trials, _ = store.list_trials(sweep["id"])
+    for t in trials:
+        c = t.config
+        store.start_trial(t.id)
+        batch = []
+        for e in range(c["epochs"] + 1):
+            rec = record(t.id, e, c["depth"])
+            if e == 0:
+                rec["input_gram"] = unit_gram(c["batch_size"], c["seed"])
+            if c["norm"] == "none":
+                del rec["isometry_gap/norm"]  # a network without norm records no norm output
+            batch.append((t.id, rec))
+        store.write_records(batch)
+        store.finish_trial(t.id, "completed")
+    assert store.finish_sweep(sweep["id"]).status == "completed"
+    return sweep["id"]
+
+
+def _wait_for(predicate, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.01)
+
+
+def test_a_heavy_read_past_the_limit_is_a_503_with_retry_after(serve):
+    app, client = serve(max_heavy_reads=2)
+    sweep_id = _finished_sweep(app, client, depth=[2, 3])
+    cached = client.get(f"/sweeps/{sweep_id}/plots/layer_profile")
+    assert cached.status_code == 200
+    heavy = app.state.heavy_reads  # made by the first heavy read
+    held = [heavy.admit(), heavy.admit()]  # two heavy reads running: the bound
+    try:
+        for path, params in [
+            (f"/sweeps/{sweep_id}/plots/layer_profile", {"format": "svg"}),
+            (f"/sweeps/{sweep_id}/metrics", {}),
+            (f"/sweeps/{sweep_id}/metrics", {"format": "parquet"}),
+        ]:
+            r = client.get(path, params=params)
+            assert r.status_code == 503, r.text
+            assert r.headers["Retry-After"] == "2"
+            assert "ISOSWEEP_MAX_HEAVY_READS" in r.json()["error"]["message"]
+        # a cached answer costs no slot; nor do the light routes
+        again = client.get(f"/sweeps/{sweep_id}/plots/layer_profile")
+        assert again.status_code == 200 and again.content == cached.content
+        assert client.get(f"/sweeps/{sweep_id}").status_code == 200
+        assert client.get("/healthz").status_code == 200
+        assert heavy.refused == 3
+    finally:
+        for release in held:
+            release()
+            release()  # idempotent
+    assert heavy.running == 0
+    r = client.get(f"/sweeps/{sweep_id}/plots/layer_profile", params={"format": "svg"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg")
+    assert client.get(f"/sweeps/{sweep_id}/metrics").json()["count"] > 0
+
+
+def test_a_plot_past_the_time_limit_is_a_504_and_cached_for_the_retry(serve):
+    app, client = serve(plot_timeout_s=0.001)  # no plot is drawn in a millisecond
+    sweep_id = _finished_sweep(app, client, depth=[2, 3])
+    r = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling")
+    assert r.status_code == 504
+    message = r.json()["error"]["message"]
+    assert "ISOSWEEP_PLOT_TIMEOUT_S" in message and "retry" in message
+    heavy = app.state.heavy_reads
+    _wait_for(lambda: heavy.running == 0)  # the drawing went on in the background
+    retry = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling")
+    assert retry.status_code == 200 and retry.content.startswith(b"\x89PNG")
+    assert client.get("/healthz").status_code == 200
+
+
+def test_waiting_on_a_plot_in_flight_holds_no_slot_and_healthz_answers(serve):
+    """45 requests for one plot that is being drawn: they wait for that drawing (the cache's
+    single flight) without a heavy-read slot or a thread of the light routes' pool (40), so
+    /healthz answers meanwhile, and all 45 get the one image."""
+    app, client = serve(max_heavy_reads=1)
+    sweep_id = _finished_sweep(app, client, depth=[2, 3])
+    cache, store = app.state.cache, app.state.store
+    version = sweep_version(store.get_sweep(sweep_id))
+    # the route's key of GET /plots/layer_profile with no parameters (api/routes/plots.py)
+    asked = ("layer_profile", "isometry_gap/act", "png", None, None, None, None, None, ())
+    key = ("plot", sweep_id, version, asked)
+    gate = threading.Event()
+    image = b"\x89PNG the one drawing"
+    drawing = threading.Thread(target=cache.get, args=(key, lambda: gate.wait(60) and image))
+    drawing.start()
+    _wait_for(lambda: key in cache._inflight)
+    answers: list[httpx.Response] = []
+
+    def ask() -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=120) as c:
+            answers.append(c.get(f"/sweeps/{sweep_id}/plots/layer_profile"))
+
+    askers = [threading.Thread(target=ask) for _ in range(45)]
+    try:
+        hits = cache.hits
+        for t in askers:
+            t.start()
+        _wait_for(lambda: cache.hits >= hits + 40)  # (at least) 40 of them wait on the flight
+        health = client.get("/healthz", timeout=20)  # generous: it needs no drawing
+        assert health.status_code == 200
+        assert not answers  # the plot is still in flight
+    finally:
+        gate.set()
+        drawing.join(60)
+        for t in askers:
+            t.join(120)
+    assert [r.status_code for r in answers] == [200] * 45
+    assert all(r.content == image for r in answers)
+
+
+def test_one_default_metric_per_kind_for_rest_and_dashboard(serve):
+    app, client = serve()
+    sweep_id = _finished_sweep(app, client, depth=[2, 3], norm="none")
+    stored = app.state.store.get_sweep(sweep_id).spec
+    # a network without normalization records no isometry_gap/norm: its overlay draws act
+    r = client.get(f"/sweeps/{sweep_id}/plots/theory_overlay")
+    assert r.status_code == 200, r.text
+    explicit = client.get(
+        f"/sweeps/{sweep_id}/plots/theory_overlay", params={"metric": "isometry_gap/act"}
+    )
+    assert r.content == explicit.content
+    swept = views.axes(stored)
+    for kind in PLOT_KINDS:
+        ours = views.default_plot(kind, swept, stored).get("metric")
+        if ours is not None:  # training_curves: the dashboard leaves it to the route
+            assert ours == default_metric(kind, stored), kind
+    assert default_metric("theory_overlay", stored) == "isometry_gap/act"
+    assert default_metric("theory_overlay", {"parameters": {}}) == "isometry_gap/norm"
+    assert default_metric("theory_overlay") == DEFAULT_METRIC["theory_overlay"]
+    assert set(DEFAULT_METRIC) == set(PLOT_KINDS)
