@@ -22,15 +22,16 @@ browser:
 run: $(STAMP)  ## the service on SQLite + local Ray, with a demo sweep; prints the dashboard URL
 	$(VENV)/bin/isosweep serve --demo
 
-test: $(STAMP) browser  ## the whole suite
+test: lint browser  ## lint and types, then the whole suite
 	$(PY) -m pytest
 
 test-fast: $(STAMP)  ## seconds: no training runs, no Ray, no browser
 	$(PY) -m pytest -m "not slow and not ray and not browser"
 
-lint: $(STAMP)
+lint: $(STAMP)  ## ruff (lint and format) on everything, mypy on service/ and api/
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

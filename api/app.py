@@ -37,6 +37,7 @@ from api.guards import (
     open_path,
 )
 from api.routes import api_router
+from api.routes.health import SupervisedRunner
 from api.schemas import NonFiniteJSONResponse
 from api.spec_body import spec_components
 from service import __version__
@@ -50,7 +51,10 @@ Errors: `{"error": {"type", "message", "field", "allowed"}}`. See docs/api.md.""
 
 
 def create_app(
-    settings: Settings | None = None, *, store: Store | None = None, runner: Any = None
+    settings: Settings | None = None,
+    *,
+    store: Store | None = None,
+    runner: SupervisedRunner | None = None,
 ) -> FastAPI:
     """The API app. A store passed in stays the caller's to close; otherwise the app opens one
     on startup (running migrations) and closes it on shutdown. `runner`: what supervises the

@@ -19,7 +19,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any
 
-from service.store.sweeps import FINISHED_SWEEP
+from service.status import SweepStatus
+from service.store import SweepInfo
 
 TTL_S = 2.0  # the most a cached answer may lag a change the version does not show
 MAX_BYTES = 128 * 2**20
@@ -27,11 +28,12 @@ MAX_ITEM_BYTES = 32 * 2**20
 FOREVER = -1.0  # the time stamp of an entry that does not expire
 
 
-def sweep_version(info: Any) -> tuple:
+def sweep_version(info: SweepInfo) -> tuple:
     """What changes whenever a sweep's stored results or states do (from a SweepInfo); its
     first item says whether the sweep is finished (its entries never expire)."""
     counts = tuple(sorted(info.counts.items()))
-    return (info.status in FINISHED_SWEEP, info.status, counts, info.progress, info.n_trials)
+    done = SweepStatus(info.status).is_finished()
+    return (done, info.status, counts, info.progress, info.n_trials)
 
 
 def size_of(value: Any) -> int:

@@ -6,19 +6,21 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from api.app import create_app
+from api.routes.health import SupervisedRunner
 from service.settings import Settings, get_settings
+from service.store import Store
 
 
 def serve_api(
     settings: Settings | None = None,
     *,
-    store: Any = None,
-    runner: Any = None,
+    store: Store | None = None,
+    runner: SupervisedRunner | None = None,
     log_level: str = "info",
     access_log: bool = True,
 ) -> None:
@@ -54,7 +56,7 @@ class ServerThread:
         httpx.get(f"{server.url}/api/v1/healthz")
     """
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0):
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", lifespan="on", server_header=False
         )

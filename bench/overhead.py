@@ -9,7 +9,9 @@ one process with a fixed thread count, so machine load hits both alike. Target: 
 Also prints one measurement (probe_metrics) in training steps of the same network — its time
 over one step's (plain epoch time / steps) — for this tree's workers/metrics.py and for the one
 committed at git HEAD (`--baseline REV`, loaded into a temporary module), timed alternately in this
-process. Target: ≤ 3 steps. And times one measurement pass at depth 1000, width 100 (batch 100).
+process. Target: ≤ 3 steps. Then where this tree's measurement spends it: the probe's
+forward/backward, the batched LU/QR factorizations, the float64 singular values, and the rest.
+And times one measurement pass at depth 1000, width 100 (batch 100).
 
     .venv/bin/python bench/overhead.py [--reps 6] [--threads 1] [--baseline HEAD]
 """
@@ -27,9 +29,10 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 
 from service.config import TrialConfig
-from workers import metrics
+from workers import metrics, nn
 from workers.train import Trial
 
 REFERENCE = dict(depth=100, width=128, batch_size=128, dataset="gaussian", activation="relu")
@@ -77,6 +80,54 @@ def step_equivalents(trial: Trial, step_s: float, baseline: ModuleType | None, r
         print(f"    one measurement, {name:9s} {best * 1e3:8.1f} ms = {best / step_s:5.2f} steps")
 
 
+def probe_backward(trial: Trial) -> None:
+    """The probe's own forward/backward, as probe_metrics runs it (taps kept, no gaps)."""
+    spec, x, y = trial.spec, *trial.probe
+    names = [f"W{ell}" for ell in range(1, spec.depth + 1)] + ["W_head"]
+    p = {k: v.detach().requires_grad_(k in names) for k, v in trial.params.items()}
+    with torch.enable_grad():
+        logits, _ = nn.forward(spec, p, trial.state, x, "batch", taps=True)
+        torch.autograd.grad(F.cross_entropy(logits, y), [p[k] for k in names])
+
+
+def breakdown(trial: Trial, step_s: float) -> None:
+    """Where one measurement (this tree's) spends its time: the probe's forward/backward, the
+    batched LU and QR factorizations, the float64 singular values, and the rest (conversions,
+    norms, solves, bookkeeping); best of 3, each in ms and in training steps."""
+    hooks = [(torch.linalg, "lu_factor_ex", "LU/QR"), (torch, "geqrf", "LU/QR")]
+    hooks.append((torch.linalg, "svdvals", "SVD"))
+    spent = {"LU/QR": 0.0, "SVD": 0.0}
+
+    def wrap(fn, key):
+        def timed_call(*a, **k):
+            start = time.perf_counter()
+            out = fn(*a, **k)
+            spent[key] += time.perf_counter() - start
+            return out
+
+        return timed_call
+
+    args = (trial.spec, trial.params, trial.state, *trial.probe)
+    best: dict[str, float] = {"total": float("inf")}
+    originals = [getattr(owner, name) for owner, name, _ in hooks]
+    for _ in range(3):
+        spent.update({"LU/QR": 0.0, "SVD": 0.0})
+        for (owner, name, key), fn in zip(hooks, originals, strict=True):
+            setattr(owner, name, wrap(fn, key))
+        try:
+            total = timed(lambda: metrics.probe_metrics(*args))
+        finally:
+            for (owner, name, _), fn in zip(hooks, originals, strict=True):
+                setattr(owner, name, fn)
+        if total < best["total"]:
+            best = {"total": total, **spent}
+    fb = min(timed(lambda: probe_backward(trial)) for _ in range(3))
+    parts = {"forward/backward": fb, "LU/QR": best["LU/QR"], "SVD": best["SVD"]}
+    parts["rest"] = best["total"] - sum(parts.values())
+    text = ", ".join(f"{k} {v * 1e3:.1f} ms ({v / step_s:.2f})" for k, v in parts.items())
+    print(f"    of it (steps): {text}")
+
+
 def overhead(reps: int, baseline: ModuleType | None = None) -> None:
     trial = Trial(TrialConfig(**REFERENCE, epochs=2 * reps + 2))
     trial.record(1, trial.train_epoch())  # warm-up: allocator, thread pools, caches
@@ -109,9 +160,12 @@ def overhead(reps: int, baseline: ModuleType | None = None) -> None:
     )
     print(f"  one training step            {p / steps * 1e3:8.1f} ms (plain epoch / {steps})")
     print("  untrained (epoch 0):")
-    step_equivalents(Trial(TrialConfig(**REFERENCE)), p / steps, baseline, max(3, reps))
+    fresh = Trial(TrialConfig(**REFERENCE))
+    step_equivalents(fresh, p / steps, baseline, max(3, reps))
+    breakdown(fresh, p / steps)
     print(f"  trained ({2 * reps + 1} epochs):")
     step_equivalents(trial, p / steps, baseline, max(3, reps))
+    breakdown(trial, p / steps)
 
 
 def deep_pass() -> None:

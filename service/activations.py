@@ -129,3 +129,13 @@ def get_activation(name: str) -> Activation:
         raise InvalidInput(
             f"unknown activation {name!r}", field="activation", allowed=ACTIVATION_NAMES
         ) from None
+
+
+def gain_schedule(gain: float, gain_exponent: float, depth: int) -> np.ndarray:
+    """α_ℓ = α·ℓ^(−p), ℓ = 1..L, float64 (L,): the activation-shaping schedule (Meterez et al.
+    2024, Sec. 5; p = 0.4 shapes tanh and sin). The one definition: the engine's workers.nn.gains
+    and the theory's `layer_gains` both come from it. No range checks (the engine admits gains the
+    quadrature does not). Python floats, not numpy's vectorized power: its SIMD pow differs from
+    libm's by an ulp on long arrays, and the engine's gains must be these to the bit."""
+    a, p = float(gain), -float(gain_exponent)
+    return np.array([a * ell**p for ell in range(1, int(depth) + 1)], dtype=np.float64)

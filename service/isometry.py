@@ -26,7 +26,11 @@ batched in torch and is tested against these functions on the same inputs.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+
+from service.errors import InvalidInput
 
 # For a Gram given as numbers (nothing known about how it was formed) an eigenvalue ≤ n·ε·λ_max
 # (ε = float64 machine epsilon) cannot be told from 0: the rank tolerance of
@@ -144,3 +148,63 @@ def isometry(gram: np.ndarray, *, rtol: float | None = None) -> float | np.ndarr
     """I(G) = exp(−gap(G)) ∈ [0, 1]: 1 for G ∝ identity, 0 for a singular G."""
     gap = isometry_gap(gram, rtol=rtol)
     return float(np.exp(-gap)) if np.ndim(gap) == 0 else np.exp(-gap)
+
+
+# --- cosine Grams: the start of the mean-field recursion, and the recorded input Gram ---------
+
+
+def cosine_gram(inputs: np.ndarray, *, zero: Literal["raise", "nan"] = "raise") -> np.ndarray:
+    """The cosine Gram xᵢ·xⱼ/(‖xᵢ‖‖xⱼ‖) (unit diagonal, float64) of a batch of inputs (n, d): the
+    mean-field recursion's start (Joudaki et al. 2023, Thm 5.1) and the engine's recorded
+    `input_gram` — the one definition of both.
+
+    Args:
+        zero: an all-zero sample has no direction: "raise" (InvalidInput), or "nan" — its row and
+            column are NaN and the others are as without it (the engine records what it saw).
+    """
+    X = np.asarray(inputs, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] < 1 or not np.isfinite(X).all():
+        raise InvalidInput(f"need a finite (n, d) batch, got shape {X.shape}", field="inputs")
+    norms = np.linalg.norm(X, axis=1)
+    alive = norms > 0
+    if alive.all():
+        U = X / norms[:, None]
+        return unit_gram(U @ U.T)
+    if zero == "raise":
+        raise InvalidInput("a sample is all zeros: its direction is undefined", field="inputs")
+    C = np.full((len(X), len(X)), np.nan)
+    if alive.any():
+        C[np.ix_(alive, alive)] = cosine_gram(X[alive])
+    return C
+
+
+def unit_gram(gram: np.ndarray) -> np.ndarray:
+    """Validate a Gram and rescale it to unit diagonal (a cosine Gram), the recursion's start.
+
+    Raises:
+        InvalidInput (field "input_gram"): not square, not finite, not symmetric, a diagonal entry
+            ≤ 0, or not positive semi-definite.
+    """
+    G = np.asarray(gram, dtype=np.float64)
+    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] < 1:
+        raise InvalidInput(
+            f"must be a square (n, n) matrix, got shape {G.shape}", field="input_gram"
+        )
+    if not np.isfinite(G).all():
+        raise InvalidInput("has NaN or infinite entries", field="input_gram")
+    scale = np.abs(G).max()
+    if np.abs(G - G.T).max() > 1e-8 * scale:
+        raise InvalidInput("is not symmetric", field="input_gram")
+    d = np.diag(G)
+    if not (d > 0).all():
+        raise InvalidInput("needs a positive diagonal (an all-zero input?)", field="input_gram")
+    C = G / np.sqrt(np.outer(d, d))
+    C = (C + C.T) / 2
+    lam_min = np.linalg.eigvalsh(C)[0]
+    if lam_min < -1e-8 * C.shape[0]:
+        raise InvalidInput(
+            f"is not positive semi-definite (smallest eigenvalue {lam_min:.3g})", field="input_gram"
+        )
+    C = np.clip(C, -1.0, 1.0)
+    np.fill_diagonal(C, 1.0)
+    return C

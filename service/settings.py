@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -12,11 +13,23 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 LOOPBACK_HOSTS = ["localhost", "127.0.0.1", "[::1]", "::1"]
 
 
+def default_data_dir() -> Path:
+    """$XDG_DATA_HOME/isosweep/data, i.e. ~/.local/share/isosweep/data by default: one place
+    whatever directory `serve`, `run` or `trial` starts in."""
+    home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return (Path(home) / "isosweep" / "data").resolve()
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ISOSWEEP_", extra="ignore")
 
     database_url: str = "sqlite:///isosweep.db"  # SQLite file in the working directory
-    data_dir: Path = Path("data")  # torchvision datasets are read from / downloaded to here
+    # torchvision datasets are read from (and downloaded to) here; absolute once loaded (a
+    # relative ISOSWEEP_DATA_DIR is taken from the working directory at start-up).
+    data_dir: Path = Field(default_factory=default_data_dir)
+    # Trials may download a missing torchvision set. Off: a sweep using a set whose files are
+    # not under data_dir is refused at submit (service.datasets), naming the files.
+    allow_download: bool = False
     host: str = "127.0.0.1"  # the API binds to loopback unless told otherwise
     port: int = Field(8000, ge=1, le=65535)
     api_token: str | None = None  # when set, requests need `Authorization: Bearer …`
@@ -59,6 +72,11 @@ class Settings(BaseSettings):
         if isinstance(v, str):  # from the environment; "" (as docker compose passes) = default
             return [h.strip() for h in v.split(",") if h.strip()] or list(LOOPBACK_HOSTS)
         return v
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, v: Path) -> Path:
+        return v.expanduser().resolve()
 
     @field_validator("api_token")
     @classmethod

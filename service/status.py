@@ -15,6 +15,7 @@ non-finite loss or metric; a result, and reusable like a completed one), `failed
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 
@@ -53,7 +54,7 @@ class TrialStatus(StrEnum):
         return tuple(s for s in cls if s.is_finished())
 
 
-def trials_finished(counts: dict[str, int]) -> int:
+def trials_finished(counts: Mapping[str, int]) -> int:
     """How many trials of a status → count mapping are finished (`SweepInfo.counts`, the API's
     `counts`): the one "done" count of progress bars and summaries. A status this version does
     not know (a newer server's) counts as finished: it is neither queued nor running."""

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from api.cli import serve
@@ -127,7 +126,38 @@ def test_every_serve_has_what_it_needs_to_start(monkeypatch):
     assert served, "no service runs isosweep serve"
 
 
-@pytest.mark.parametrize("service", ["ray-head", "ray-worker", "api"])
-def test_ray_auth_is_the_same_everywhere(service):
-    env = _compose()["services"][service]["environment"]
-    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"].startswith("${RAY_AUTH_TOKEN")
+PROJECT_IMAGE = "isosweep:latest"
+RAY_SERVICES = ("ray-head", "ray-worker", "api")  # every Ray node and client
+
+
+def test_every_service_of_the_project_image_can_build_it():
+    """A service that names the project's image without a `build` makes `docker compose up` pull
+    it from a registry on a machine that has not built it yet, and fail (docker/compose#8805):
+    each has the same build, under the same tag (or a pull policy that builds)."""
+    services = _compose()["services"]
+    ours = {n: s for n, s in services.items() if "build" in s or s.get("image") == PROJECT_IMAGE}
+    assert set(ours) >= set(RAY_SERVICES)
+    builds = set()
+    for name, service in ours.items():
+        assert service.get("image") == PROJECT_IMAGE, name
+        assert "build" in service, f"{name} runs {PROJECT_IMAGE} but cannot build it"
+        # "always" would try the registry first; these build when the image is not there
+        assert service.get("pull_policy", "missing") in ("missing", "if_not_present", "build")
+        builds.add(json.dumps(service["build"], sort_keys=True))
+    assert len(builds) == 1, builds  # one image: the same build everywhere
+    assert services["postgres"]["image"] != PROJECT_IMAGE and "build" not in services["postgres"]
+
+
+def test_ray_auth_is_the_same_everywhere():
+    """One mode and one token for every Ray node and client: the same RAY_AUTH_TOKEN value
+    (one variable, required) and RAY_AUTH_MODE=token in each service."""
+    services = _compose()["services"]
+    envs = {name: services[name]["environment"] for name in RAY_SERVICES}
+    assert {name: env.get("RAY_AUTH_MODE") for name, env in envs.items()} == dict.fromkeys(
+        RAY_SERVICES, "token"
+    )
+    tokens = {str(env["RAY_AUTH_TOKEN"]) for env in envs.values()}
+    assert len(tokens) == 1, tokens
+    (token,) = tokens
+    assert re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", token) == ["RAY_AUTH_TOKEN"], token
+    assert unexported(token) == "<RAY_AUTH_TOKEN>"  # compose refuses to start without it

@@ -29,7 +29,7 @@ from service.errors import Conflict, StorageError
 from service.status import TrialStatus, trials_finished
 from service.store import Store
 from service.store.sweeps import LeaseLost
-from workers.trainable import DEVICE_KEY, PARAM_KEY, from_transport
+from workers.trainable import DEVICE_KEY, ERROR_KEY, PARAM_KEY, from_transport
 
 log = logging.getLogger("isosweep.driver")
 
@@ -45,7 +45,9 @@ class SweepControl:
     def __init__(self, stop: threading.Event | None = None):
         self.stop = stop or threading.Event()  # set by the runner (SIGTERM/SIGINT)
         self.cancel = threading.Event()  # the sweep's cancel flag was seen
-        self.lost = threading.Event()  # another runner holds the sweep now
+        # the lease may no longer be ours: another runner holds the sweep, or no heartbeat went
+        # through for a whole lease (the store unreachable), or a fenced write was refused
+        self.lost = threading.Event()
 
     def halted(self) -> bool:
         return self.stop.is_set() or self.cancel.is_set() or self.lost.is_set()
@@ -124,6 +126,9 @@ class StoreCallback(DriverSide, tune.Callback):
     the sweep): a write refused for that (LeaseLost) sets `control.lost`, as the heartbeat
     does, so nothing is written after another runner took the sweep over, however late this
     one's heartbeat would have noticed.
+
+    A trial whose last result carries `ERROR_KEY` (an error no retry would cure, which the
+    trainable reports rather than raises) is `failed` with that text when it ends: one attempt.
     """
 
     def __init__(
@@ -147,6 +152,7 @@ class StoreCallback(DriverSide, tune.Callback):
         self.oldest = 0.0  # monotonic time of the oldest buffered record
         self.last: dict[int, dict[str, Any]] = {}  # trial id → its last record (no arrays)
         self.skipped: set[int] = set()  # trials the store refused to start (cancelled)
+        self.errors: dict[int, str] = {}  # trial id → the deterministic error it ended with
 
     # --- Tune hooks -----------------------------------------------------------------------
 
@@ -164,6 +170,7 @@ class StoreCallback(DriverSide, tune.Callback):
             self.skipped.add(tid)
             return
         self.last.pop(tid, None)
+        self.errors.pop(tid, None)
         self._event("start", tid, status=TrialStatus.RUNNING, done=0)
 
     def on_trial_result(
@@ -171,6 +178,9 @@ class StoreCallback(DriverSide, tune.Callback):
     ) -> None:
         tid = trial_key(trial)
         if tid in self.skipped or self.control.lost.is_set():
+            return
+        if ERROR_KEY in result:  # the trial's last result: an error no retry would cure
+            self.errors[tid] = str(result[ERROR_KEY])
             return
         record = from_transport(result)
         if not self.buffer:
@@ -192,6 +202,8 @@ class StoreCallback(DriverSide, tune.Callback):
         if tid in self.skipped or self.control.lost.is_set():
             return
         status, error = self._outcome(tid)
+        if error is not None:
+            log.warning("trial %d failed: %s", tid, error.split("\n", 1)[0])
         with contextlib.suppress(LeaseLost):
             self._fenced(self.store.finish_trial, tid, status, error)
             self._event("finish", tid, status=status)
@@ -238,6 +250,8 @@ class StoreCallback(DriverSide, tune.Callback):
             raise
 
     def _outcome(self, tid: int) -> tuple[TrialStatus, str | None]:
+        if tid in self.errors:
+            return TrialStatus.FAILED, self.errors[tid]
         last = self.last.get(tid)
         if last is not None and last["diverged"]:
             return TrialStatus.DIVERGED, None
@@ -288,8 +302,9 @@ class Heartbeat:
     and every further write) as soon as the lease may no longer be this runner's:
 
     - the store says another runner holds the sweep (it took the sweep over), or
-    - no heartbeat has gone through for `lease_s` (the store unreachable): the lease has run
-      out by this clock, and another runner may have claimed it.
+    - a heartbeat failed, and none has gone through for `lease_s` (the store unreachable): the
+      lease has run out by this clock, and another runner may have claimed it. (Checked only
+      when a heartbeat fails; a heartbeat that goes through says whose the sweep is.)
 
     (A heartbeat that goes through late, after a stall, is still this runner's: the store says
     whether another runner took the sweep meanwhile, and StoreCallback's writes are fenced.)

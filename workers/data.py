@@ -1,14 +1,15 @@
 """Datasets as whole tensors: inputs flattened and standardized, labels as int64.
 
 cifar10, cifar100, mnist and fashion_mnist are read through torchvision's own dataset classes
-from `data_dir` (downloaded there first when the files are missing and the network allows);
-`digits` (scikit-learn's bundled 8×8 images) and `gaussian` (synthetic) need no files. A loaded
-set is cached for the life of the process, so several trials in one worker read it once.
+from `data_dir` (downloaded there first when the files are missing and `Settings.allow_download`
+is on; the files are listed in service.datasets, which refuses a sweep at submit when they are
+absent); `digits` (scikit-learn's bundled 8×8 images) and `gaussian` (synthetic) need no files.
+torchvision and scikit-learn are not imported for the offline sets. A loaded set is cached for
+the life of the process, so several trials in one worker read it once.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from service.config import DATASET_SHAPES
+from service.datasets import expected_files, missing_files, unavailable_message
 from service.errors import DataUnavailable, InvalidInput
 
 TORCHVISION_CLASSES = {
@@ -41,14 +43,15 @@ class Dataset(NamedTuple):
 
 
 def load_dataset(
-    name: str, data_dir: str | Path | None = None, *, download: bool = True
+    name: str, data_dir: str | Path | None = None, *, download: bool | None = None
 ) -> Dataset:
     """The whole dataset `name` as tensors on the CPU (cached per process; do not modify them).
 
     Args:
         name: one of service.config.DATASET_SHAPES.
         data_dir: root of the torchvision sets; default `Settings.data_dir` (ISOSWEEP_DATA_DIR).
-        download: try to download a torchvision set whose files are missing.
+        download: try to download a torchvision set whose files are missing; default
+            `Settings.allow_download` (ISOSWEEP_ALLOW_DOWNLOAD).
 
     Raises:
         InvalidInput: unknown name.
@@ -59,10 +62,10 @@ def load_dataset(
         raise InvalidInput(f"unknown dataset {name!r}", field="dataset", allowed=DATASET_SHAPES)
     root = None
     if name in TORCHVISION_CLASSES:
-        if data_dir is None:
-            from service.settings import get_settings
+        from service.settings import get_settings
 
-            data_dir = get_settings().data_dir
+        data_dir = get_settings().data_dir if data_dir is None else data_dir
+        download = get_settings().allow_download if download is None else download
         root = str(Path(data_dir).expanduser().resolve())
     key = (name, root)
     if key not in _CACHE:
@@ -118,15 +121,24 @@ def subset(data: Dataset, k: int, generator: torch.Generator) -> Dataset:
 
 
 def _digits() -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """scikit-learn's 1797 8×8 digit images, a fixed stratified 80/20 split."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """scikit-learn's 1797 8×8 digit images, a fixed stratified 80/20 split (workers/digits_split).
 
-    X, y = load_digits(return_X_y=True)
-    Xtr, Xte, ytr, yte = train_test_split(
-        X, y, test_size=DIGITS_TEST_FRACTION, random_state=0, stratify=y
-    )
-    return tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in (Xtr, ytr, Xte, yte))  # type: ignore[return-value]
+    Read from scikit-learn's bundled CSV (what `load_digits` reads) without importing
+    scikit-learn, whose import costs more than the rest of an init-only trial."""
+    import gzip
+    import importlib.util
+
+    from workers.digits_split import digits_split
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise DataUnavailable("dataset 'digits' needs scikit-learn installed (its bundled CSV)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    X, y = data[:, :-1], data[:, -1].astype(np.int64)
+    train, test = digits_split()
+    return tuple(torch.from_numpy(a[i]) for a, i in ((X, train), (y, train), (X, test), (y, test)))  # type: ignore[return-value]
 
 
 def _gaussian() -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -139,20 +151,6 @@ def _gaussian() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     y = (X @ T.T).argmax(dim=1)
     n = GAUSSIAN_TRAIN
     return X[:n], y[:n], X[n:], y[n:]
-
-
-def expected_files(name: str, root: str | Path) -> list[Path]:
-    """The files a torchvision set `name` is read from under `root` (as torchvision lays them)."""
-    from torchvision import datasets
-
-    cls = getattr(datasets, TORCHVISION_CLASSES[name])
-    if issubclass(cls, datasets.CIFAR10):
-        folder = Path(root) / cls.base_folder
-        files = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
-    else:  # MNIST family: the extracted idx files under <root>/<ClassName>/raw/
-        folder = Path(root) / cls.__name__ / "raw"
-        files = [os.path.splitext(f)[0] for f, _ in cls.resources]
-    return [folder / f for f in files]
 
 
 def _torchvision(name: str, root: str, download: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -170,16 +168,19 @@ def _torchvision(name: str, root: str, download: bool) -> tuple[Tensor, Tensor, 
             return _read(cls, root)
         except Exception as exc:  # offline: URLError, RuntimeError, OSError, …
             reason = f"download failed: {exc}"
+    missing = missing_files(name, root)
+    if missing:
+        raise DataUnavailable(f"{unavailable_message(name, root, missing)} — {reason.strip()}")
     files = ", ".join(str(f.relative_to(root)) for f in expected_files(name, root))
     raise DataUnavailable(
-        f"dataset {name!r} is not available in {root} (ISOSWEEP_DATA_DIR); expected the files "
-        f"{files} — {reason.strip()}"
+        f"dataset {name!r} is not available in {root} (ISOSWEEP_DATA_DIR): the files {files} "
+        f"are there but could not be read — {reason.strip()}"
     )
 
 
 def _read(cls, root: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     train, test = cls(root, train=True), cls(root, train=False)
-    return (*_arrays(train), *_arrays(test))  # type: ignore[return-value]
+    return (*_arrays(train), *_arrays(test))
 
 
 def _arrays(ds) -> tuple[Tensor, Tensor]:

@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -84,7 +83,6 @@ def run_sweep(
     progress: Callable[[SweepProgress], None] | None = None,
     ray_address: str | None = None,
     lease_s: float | None = None,
-    stop: threading.Event | None = None,
     control: SweepControl | None = None,
 ) -> SweepInfo:
     """Run the trials of a sweep claimed by `runner_id` that are not finished, then finish it.
@@ -98,11 +96,12 @@ def run_sweep(
             local instance).
         lease_s: the lease the sweep was claimed with (default settings.runner_lease_s); the
             heartbeat runs every lease_s / 3.
-        stop: set it to stop the run cleanly (the runner's SIGTERM): trials stop, records are
-            flushed, and the sweep goes back to the queue at once (store.release_sweep).
         control: the run's SweepControl when the caller already holds the lease with a
-            Heartbeat of its own (Runner.run_once, from the claim on); `stop` and `lease_s`
-            are then unused. Without it, run_sweep starts the Heartbeat itself.
+            Heartbeat of its own (Runner.run_once, from the claim on; `lease_s` is then
+            unused). Setting its `stop` stops the run cleanly (the runner's SIGTERM): trials
+            stop, records are flushed, and the sweep goes back to the queue at once
+            (store.release_sweep). Without it, run_sweep starts the Heartbeat itself, and the
+            run ends when the sweep is finished, cancelled or taken over.
 
     Returns:
         The sweep as it stands: finished (completed, failed or cancelled), queued again when it
@@ -119,7 +118,7 @@ def run_sweep(
     if progress is not None:
         progress(tracker)
     held = control is not None
-    control = control or SweepControl(stop)
+    control = control or SweepControl()
     lease = lease_s or store.settings.runner_lease_s
     beat = Heartbeat(store, sweep_id, runner_id, lease / 3, control, lease_s=lease)
     with contextlib.nullcontext() if held else beat:

@@ -15,18 +15,22 @@ units alive on one and the same sample only) read as a large finite gap set by f
 (σ_min ~ 1e-16·σ_max): the tracker cannot see them, and no tolerance can tell them from the
 regular Grams of deep Gaussian chains, which reach λ_min/λ_max ≈ 1e-35 (docs/architecture.md).
 
-How (`range_gaps`): no Gram is formed. A float64 Householder QR of Mᵀ gives G = M Mᵀ = RᵀR,
-so gap = log(‖M‖²_F/n) − (2/n)Σ log|R_ii|, accurate to ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of a
-formed G would be ~ ε₆₄·κ(G), and eigvalsh worse). An inverse-iteration step through R
+How (`range_gaps`): no Gram is formed. log det G comes from a float64 factor of M: the LU
+PM = LU of a square M (G = MMᵀ, log det G = 2Σ log|U_ii|, (2/3)n³ flops) or the Householder QR
+of Mᵀ otherwise (G = RᵀR, (4/3)n³ at n = d), so gap = log(‖M‖²_F/n) − (1/n) log det G,
+accurate to ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of a formed G would be ~ ε₆₄·κ(G), and eigvalsh
+worse). A batch-centred square H (1 in the null space, rank n − 1) goes through one LU of the
+bordered H + 1wᵀ (`_centred_square_gaps`). An inverse-iteration step through the factor
 estimates κ(G); the few beyond KAPPA_MAX go to the float64 singular values σ of M instead
-(λ = σ²), as do range gaps of fewer eigenvalues than the smaller side. All of it is batched over
-layers, one call per distinct (structure, shape).
+(λ = σ²), as do range gaps of fewer eigenvalues than the smaller side. All of it is batched
+over layers, one call per distinct (structure, shape) and cache-sized chunk (CPU_CHUNK_ENTRIES).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,18 +43,24 @@ from workers import nn
 # Matrices of one batched float64 call hold at most this many entries (≈ 128 MiB): a huge batch
 # cannot take the machine's memory.
 MAX_GRAM_ENTRIES = 1 << 24
+# On the CPU, batched calls take at most this many entries (2 MiB of float64): a stack that
+# stays in cache and in the allocator's reused memory runs ~1.7× faster than one large one
+# (each fresh allocation of tens of MiB is page-faulted in anew; bench/overhead.py).
+CPU_CHUNK_ENTRIES = 1 << 18
 F64 = torch.float64
-# The QR gap is used where κ̂ = mean(λ)/λ̂_min ≤ KAPPA_MAX (λ̂_min ≥ λ_min: one inverse-iteration
-# step from two start vectors, which undershoots κ by up to ~100×); above, the float64 SVD of M
-# decides. Measured against the SVD gap on float32 networks at n = d = 100 and 128
-# (tanh/BatchNorm, identity/batch_scale, ReLU with and without BatchNorm, Gaussian weights; 1022
-# Grams): relative difference ≤ 3e-14 for true κ < 1e11, ≤ 3e-9 for κ up to 1e22, 4e-8 at
-# κ = 3e25 — so 1e20 keeps a margin of > 300 under the 1e-6 that the tests ask.
+# The LU/QR gap is used where κ̂ = mean(λ)/λ̂_min ≤ KAPPA_MAX (`_lambda_min_estimate`: one
+# inverse-iteration step from two start vectors, which undershoots κ by up to 1.7e4 on the 2160
+# Grams below); above, the float64 SVD of M decides. Measured against the SVD gap on float32
+# networks at n = d = 100 and 128 (tanh/BatchNorm, identity/batch_scale, ReLU with and without
+# BatchNorm, tanh/layer_scale, Gaussian weights, depth 30; 2160 Grams): LU and QR alike within
+# 3e-15 for κ < 1e8, 2e-13 below 1e12, 7e-10 below 1e20, 3.2e-9 up to 1e24, 9e-9 (LU; QR
+# 3.7e-8) beyond — so 1e20 keeps a margin of > 300 under the 1e-6 that the tests ask even where
+# κ̂ undershoots most. The bordered LU of centred H (720 BatchNorm outputs, n = 64..128): within
+# 1e-9 of the SVD of QᵀH down to λ_min/λ_max = 1e-24.
 KAPPA_MAX = 1e20
 # σ_min/σ_max below ~max(n, d)·ε₆₄ (λ ratio ~1e-27 at n = d = 128) is below the float64 SVD's own
-# resolution: there neither it nor QR measures λ_min, and QR's cheaper value is kept.
+# resolution: there neither it nor LU/QR measures λ_min, and the factor's cheaper value is kept.
 KAPPA_UNRESOLVED = 1e28
-INVERSE_ITERATIONS = 1
 
 
 @dataclass(frozen=True)
@@ -187,52 +197,54 @@ def _svd_gaps(M: Tensor, r: int) -> Tensor:
     return gaps_from_eigenvalues(s[:, :r].square())
 
 
+@functools.lru_cache(maxsize=64)
 def _start_vectors(m: int, device: torch.device) -> Tensor:
-    return torch.randn(m, 2, generator=torch.Generator().manual_seed(m), dtype=F64).to(device)
+    """Two fixed random unit vectors (m, 2), float64 (cached: read, never written)."""
+    v = torch.randn(m, 2, generator=torch.Generator().manual_seed(m), dtype=F64)
+    return (v / torch.linalg.vector_norm(v, dim=0)).to(device)
 
 
-def _inverse_iteration(solve, like: Tensor) -> Tensor:
-    """An estimate (from above) of λ_min of the Grams G (B, m, m) from `solve(v)` = G⁻¹v:
-    INVERSE_ITERATIONS steps of inverse iteration from two fixed start vectors."""
-    v = _start_vectors(like.shape[-1], like.device).expand(len(like), -1, -1)
-    est = torch.full(like.shape[:1], math.inf, dtype=F64, device=like.device)
-    for _ in range(INVERSE_ITERATIONS):
-        v = v / torch.linalg.vector_norm(v, dim=1, keepdim=True)
-        w = solve(v)
-        est = torch.linalg.vector_norm(w, dim=1).reciprocal().amin(dim=1)
-        v = w
-    return est
+def _lambda_min_estimate(w: Tensor, diag: Tensor | None = None) -> Tensor:
+    """An estimate of λ_min(G) from w = G⁻¹V (B, m, k) for unit start vectors V — one step of
+    inverse iteration: ‖G⁻¹v‖ ≤ 1/λ_min, so 1/‖w‖ ≥ λ_min, undershooting κ by 1/|u_minᵀv|
+    (measured ≤ 1.7e4 with two vectors) — and, for a triangular factor R with G = RᵀR, its
+    diagonal (B, m): λ_min = σ_min(R)² ≤ min R_ii². The smaller of the two."""
+    est = torch.linalg.vector_norm(w, dim=1).reciprocal().amin(dim=1)
+    if diag is None or diag.shape[1] == 0:
+        return est
+    return torch.minimum(est, diag.abs().amin(dim=1).square())
 
 
 def _qr_log_det(M: Tensor) -> tuple[Tensor, Tensor]:
     """(log det G, λ̂_min) of G = M Mᵀ, M (B, m, c) float64 with m ≤ c: Householder QR Mᵀ = QR
-    gives G = RᵀR, log det G = 2Σ log|R_ii|; G⁻¹v by two triangular solves (only the upper
-    triangle of geqrf's output is R, and only it is read)."""
+    gives G = RᵀR (σ(M) = σ(R)), log det G = 2Σ log|R_ii|; G⁻¹V by two triangular solves (only
+    the upper triangle of geqrf's output is R, and only it is read)."""
     m = M.shape[1]
     A, _ = torch.geqrf(M.mT)
     R = A[:, :m, :]
-
-    def solve(v: Tensor) -> Tensor:
-        w = torch.linalg.solve_triangular(R.mT, v, upper=False)
-        return torch.linalg.solve_triangular(R, w, upper=True)
-
-    log_det = 2.0 * torch.log(torch.diagonal(R, dim1=-2, dim2=-1).abs()).sum(dim=1)
-    return log_det, _inverse_iteration(solve, R)
+    diag = torch.diagonal(R, dim1=-2, dim2=-1)
+    V = _start_vectors(m, M.device).expand(len(M), -1, -1)
+    w = torch.linalg.solve_triangular(R.mT, V, upper=False)
+    w = torch.linalg.solve_triangular(R, w, upper=True)
+    return 2.0 * torch.log(diag.abs()).sum(dim=1), _lambda_min_estimate(w, diag)
 
 
-def _lu_log_det(M: Tensor) -> tuple[Tensor, Tensor]:
-    """(log det G, λ̂_min) of G = M Mᵀ, M (B, m, m) float64 square: LU with partial pivoting
-    PM = LU gives log det G = 2Σ log|U_ii| at (2/3)m³ flops, a third of QR's (4/3)m³, with the
-    same backward-error bound up to the growth factor (Higham 2002, Thm 9.5 and §9.4: it is
-    O(1) on the matrices measured here); G⁻¹v = M⁻ᵀ(M⁻¹v) by two LU solves."""
-    LU, piv, _ = torch.linalg.lu_factor_ex(M)
-
-    def solve(v: Tensor) -> Tensor:
-        w = torch.linalg.lu_solve(LU, piv, v, adjoint=True)
-        return torch.linalg.lu_solve(LU, piv, w)
-
+def _lu_log_det(M: Tensor, rhs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(log det G, λ̂_min, M⁻¹·rhs) of G = M Mᵀ, M (B, m, m) float64 square: LU with partial
+    pivoting gives log det G = 2Σ log|U_ii| at (2/3)m³ flops, half of QR's (4/3)m³, with the
+    same backward-error bound up to the growth factor (Higham 2002, Thm 9.5 and §9.4; O(1) on
+    the matrices measured here); G⁻¹V = M⁻ᵀ(M⁻¹V) by two LU solves, the first of which also
+    solves for `rhs` (B, m, k) if given."""
+    # The LU of Mᵀ (same |det|): a row-major M's transpose is already the column-major layout
+    # LAPACK factors, so it is copied as is (~3× faster than a transposing copy of M).
+    LU, piv, _ = torch.linalg.lu_factor_ex(M.mT)
+    V = _start_vectors(M.shape[1], M.device).expand(len(M), -1, -1)
+    k = 0 if rhs is None else rhs.shape[2]
+    B = V if rhs is None else torch.cat([rhs, V], dim=2)
+    w = torch.linalg.lu_solve(LU, piv, B, adjoint=True)  # (Mᵀ)ᵀ⁻¹B = M⁻¹B
+    lam = _lambda_min_estimate(torch.linalg.lu_solve(LU, piv, w[..., k:]))  # M⁻ᵀ(M⁻¹V)
     log_det = 2.0 * torch.log(torch.diagonal(LU, dim1=-2, dim2=-1).abs()).sum(dim=1)
-    return log_det, _inverse_iteration(solve, LU)
+    return log_det, lam, None if rhs is None else w[..., :k]
 
 
 def _full_rank_gaps(M: Tensor) -> Tensor:
@@ -252,7 +264,7 @@ def _full_rank_gaps(M: Tensor) -> Tensor:
         M = torch.where(
             usable[:, None, None], M, torch.eye(m, M.shape[2], dtype=F64, device=M.device)
         )
-    log_det, lam_min = (_lu_log_det if m == M.shape[2] else _qr_log_det)(M)
+    log_det, lam_min = _lu_log_det(M)[:2] if m == M.shape[2] else _qr_log_det(M)
     gap = (torch.log(tr / m) - log_det / m).clamp_min(0.0)
     kappa = (tr / m) / lam_min
     # Above KAPPA_UNRESOLVED (κ̂ ≤ κ always) no float64 method resolves λ_min — the SVD's σ err
@@ -281,26 +293,31 @@ def _centred_square_gaps(H: Tensor) -> Tensor:
     n = H.shape[1]
     H = H.to(F64)
     ones_t = H.sum(dim=1)  # (B, n): 1ᵀH
-    tr = H.square().sum(dim=(1, 2)) - ones_t.square().sum(dim=1) / n
+    tr = torch.linalg.vector_norm(H, dim=(1, 2)).square() - ones_t.square().sum(dim=1) / n
     omega = _start_vectors(n, H.device)[:, 0]
-    w = torch.sqrt(tr.clamp_min(0) / (n * (n - 1)))[:, None] * (omega / omega.norm())
+    w = torch.sqrt(tr.clamp_min(0) / (n * (n - 1)))[:, None] * omega
     usable = torch.isfinite(tr) & (tr > 0)
-    Hb = torch.where(usable[:, None, None], H + w[:, None, :], torch.eye(n, dtype=F64))
-    LU, piv, _ = torch.linalg.lu_factor_ex(Hb)
+    Hb = H + w[:, None, :]
+    if not bool(usable.all()):
+        Hb = torch.where(usable[:, None, None], Hb, torch.eye(n, dtype=F64, device=H.device))
     ones = torch.ones(len(H), n, 1, dtype=F64, device=H.device)
-    x = torch.linalg.lu_solve(LU, piv, ones)
-    log_diag = torch.log(torch.diagonal(LU, dim1=-2, dim2=-1).abs()).sum(dim=1)
-    log_sigma = log_diag + torch.log(torch.linalg.vector_norm(x, dim=(1, 2))) - 0.5 * math.log(n)
-    gap = (torch.log(tr / (n - 1)) - 2.0 * log_sigma / (n - 1)).clamp_min(0.0)
-
-    def solve(v: Tensor) -> Tensor:
-        return torch.linalg.lu_solve(LU, piv, torch.linalg.lu_solve(LU, piv, v, adjoint=True))
-
-    kappa = (tr / (n - 1)) / _inverse_iteration(solve, LU)
+    log_det, lam_min, x = _lu_log_det(Hb, ones)
+    log_sigma = 0.5 * log_det + torch.log(torch.linalg.vector_norm(x, dim=(1, 2)))
+    gap = (torch.log(tr / (n - 1)) - 2.0 * (log_sigma - 0.5 * math.log(n)) / (n - 1)).clamp_min(0)
+    kappa = (tr / (n - 1)) / lam_min
     route = ~usable | ~(kappa <= KAPPA_MAX) | ~torch.isfinite(gap)
     if bool(route.any()):
         gap[route] = _full_rank_gaps(project_out_ones(H[route]))
     return gap
+
+
+def _all_finite(M: Tensor) -> Tensor:
+    """Whether each M[i] of a stack (B, m, c) is finite: its max and min are (NaN propagates
+    through both, +∞ shows in the max, −∞ in the min), two reductions with no mask formed."""
+    if M.numel() == 0:
+        return torch.ones(len(M), dtype=torch.bool, device=M.device)
+    flat = M.flatten(1)
+    return torch.isfinite(flat.amax(dim=1)) & torch.isfinite(flat.amin(dim=1))
 
 
 def range_gaps(M: Tensor, rank: int, *, ones_in_null: bool = False) -> Tensor:
@@ -310,10 +327,10 @@ def range_gaps(M: Tensor, rank: int, *, ones_in_null: bool = False) -> Tensor:
     With ones_in_null, M is first projected onto 1⊥ (`project_out_ones`). Where rank is all of
     the smaller side, the Gram on that side (same non-zero spectrum) goes through
     `_full_rank_gaps`; otherwise the float64 singular values of M. Non-finite M gives NaN.
-    Chunked to MAX_GRAM_ENTRIES.
+    Chunked (`_chunk_size`).
     """
     out = []
-    step = max(1, MAX_GRAM_ENTRIES // max(M.shape[1] * M.shape[2], M.shape[1] ** 2, 1))
+    step = _chunk_size(M.shape[1:], M.device)
     bordered = ones_in_null and M.shape[1] == M.shape[2] == rank + 1
     for chunk in M.split(step):
         if bordered:
@@ -325,7 +342,7 @@ def range_gaps(M: Tensor, rank: int, *, ones_in_null: bool = False) -> Tensor:
         if rank >= min(m, c):
             out.append(_full_rank_gaps(chunk if m <= c else chunk.mT))
         else:
-            finite = torch.isfinite(chunk).flatten(1).all(dim=1)
+            finite = _all_finite(chunk)
             safe = torch.where(finite[:, None, None], chunk, 0.0)
             out.append(torch.where(finite, _svd_gaps(safe, rank), math.nan))
     return torch.cat(out)
@@ -338,7 +355,7 @@ def isometry_gaps(H: Tensor, structure: Structure | None = None) -> Tensor:
     n, d = H.shape[1:]
     s = structure or Structure(False, min(n, d))
     if s.rank < n:
-        finite = torch.isfinite(H).flatten(1).all(dim=1)
+        finite = _all_finite(H)
         return torch.where(finite, math.inf, math.nan).to(F64)
     return range_gaps(H, n)
 
@@ -366,14 +383,6 @@ def frobenius_norms(tensors: Sequence[Tensor]) -> Tensor:
     return torch.linalg.vector_norm(torch.stack(tensors).flatten(1), dim=1, dtype=F64)
 
 
-def cosine_gram(x: Tensor) -> np.ndarray:
-    """The unit-diagonal Gram x_i·x_j / (‖x_i‖‖x_j‖) of (n, d) inputs, float64 (n, n): the
-    starting point of the mean-field Gram recursion (Joudaki et al. 2023, Thm 5.1)."""
-    x = x.to(F64)
-    u = x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
-    return (u @ u.T).cpu().numpy()
-
-
 def spectra(M: Tensor, size: int) -> Tensor:
     """Eigenvalues of the Grams M Mᵀ (B, m, c) → (B, size) float64, descending, as squared
     float64 singular values of M; zero-padded to m (an m > c Gram has m − c zero eigenvalues),
@@ -398,34 +407,66 @@ def _unique(tensors: list[Tensor]) -> tuple[list[Tensor], list[int]]:
     return uniq, where
 
 
-def _supports(H: Tensor) -> tuple[Tensor, Tensor]:
-    """Masks of the not-all-zero rows (B, n) and columns (B, d) of a stack H (B, n, d)."""
-    A = H.abs()  # (one pass of max over each side beats two passes of `!= 0` then `any`)
-    return A.amax(dim=2) > 0, A.amax(dim=1) > 0
+def _chunk_size(shape: Sequence[int], device: torch.device) -> int:
+    """How many (n, d) matrices one batched call takes: MAX_GRAM_ENTRIES (a memory bound), on
+    the CPU also CPU_CHUNK_ENTRIES (speed); at least one."""
+    n, d = shape
+    limit = MAX_GRAM_ENTRIES if device.type != "cpu" else min(MAX_GRAM_ENTRIES, CPU_CHUNK_ENTRIES)
+    return max(1, limit // max(n * d, n * n, 1))
 
 
-def _tap_gaps(H: Tensor, kinds: list[Structure]) -> tuple[Tensor, Tensor]:
-    """(gap, range gap) of each representation H[i] (n, d) of a stack H (B, n, d) with structure
-    kinds[i], float64.
+def _stacked(
+    H: Sequence[Tensor] | dict[int, Tensor], idx: list[int], dtype: torch.dtype | None = None
+) -> Iterator[Tensor]:
+    """H[i] for i in idx, stacked (and converted to `dtype`) in chunks of `_chunk_size`, each
+    written into one buffer that the next chunk reuses: consume each before taking the next."""
+    first = H[idx[0]]
+    step = _chunk_size(first.shape, first.device)
+    buf = torch.empty(
+        min(step, len(idx)), *first.shape, dtype=dtype or first.dtype, device=first.device
+    )
+    for k in range(0, len(idx), step):
+        part = idx[k : k + step]
+        yield torch.stack([H[i] for i in part], out=buf[: len(part)])
+
+
+def _supports(H: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+    """Masks of the not-all-zero rows (B, n) and columns (B, d) of equal-shape H[i] (n, d)
+    (a row with a NaN is not all zero)."""
+    rows, cols = [], []
+    for chunk in _stacked(H, list(range(len(H)))):
+        # (one pass of max over each side beats two passes of `!= 0` then `any`); a NaN
+        # propagates through max and is != 0: a non-finite row is not a zero row
+        A = torch.abs(chunk, out=chunk)
+        rows.append(A.amax(dim=2) != 0)
+        cols.append(A.amax(dim=1) != 0)
+    return torch.cat(rows), torch.cat(cols)
+
+
+def _tap_gaps(
+    H: Sequence[Tensor], kinds: list[Structure], masks: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor]:
+    """(gap, range gap) of each representation H[i] (n, d) (a list or a stack (B, n, d)) with
+    structure kinds[i], float64. `masks`: `_supports(H)` if already known.
 
     Zero rows and columns are dropped first (they add only zero eigenvalues, which the structure
-    already counts); then one batched `range_gaps` per distinct (structure, shape)."""
-    n = H.shape[1]
-    gap = torch.empty(len(H), dtype=F64, device=H.device)
+    already counts); then one batched `range_gaps` per distinct (structure, shape) and chunk."""
+    n = H[0].shape[0]
+    gap = torch.empty(len(H), dtype=F64, device=H[0].device)
     rng = torch.empty_like(gap)
-    rows, cols = _supports(H)
+    rows, cols = masks if masks is not None else _supports(H)
     whole = (rows.all(dim=1) & cols.all(dim=1)).tolist()
     groups: dict[tuple, list[int]] = {}
     trimmed: dict[int, Tensor] = {}
     for i, s in enumerate(kinds):
         if not whole[i]:
             trimmed[i] = H[i][rows[i]][:, cols[i]]
-        shape = tuple(trimmed[i].shape) if i in trimmed else tuple(H.shape[1:])
+        shape = tuple(trimmed[i].shape) if i in trimmed else tuple(H[i].shape)
         groups.setdefault((s, shape), []).append(i)
     for (s, _), idx in groups.items():
         where = torch.tensor(idx, device=gap.device)
-        M = torch.stack([trimmed[i] for i in idx]) if idx[0] in trimmed else H[where]
-        r = range_gaps(M, s.rank, ones_in_null=s.ones_in_null)
+        M = _stacked(trimmed if idx[0] in trimmed else H, idx, F64)
+        r = torch.cat([range_gaps(m, s.rank, ones_in_null=s.ones_in_null) for m in M])
         rng[where] = r
         gap[where] = r if s.rank >= n else torch.where(torch.isnan(r), r, math.inf)
     return gap, rng
@@ -479,14 +520,14 @@ def probe_metrics(
     slot = {"linear": 0, "norm": 1, "act": 2}
     # Deduplicated before detaching (which makes new objects): an identity σ returns its input.
     uniq, where = _unique([t[slot[k]] for k in kinds for t in taps])  # kind-major, block-minor
-    H = torch.stack([t.detach() for t in uniq])  # (U, n, d)
+    H = [t.detach() for t in uniq]  # U × (n, d), stacked only in chunks
     rows, cols = _supports(H)
     counts = torch.stack([rows.sum(dim=1), cols.sum(dim=1)], dim=1).tolist()
     forced = structures(
         spec, p, x, taps, {id(t): tuple(c) for t, c in zip(uniq, counts, strict=True)}
     )
     kind_of = {w: forced[i % L][slot[kinds[i // L]]] for i, w in enumerate(where)}
-    gap, rng = _tap_gaps(H, [kind_of[j] for j in range(len(H))])
+    gap, rng = _tap_gaps(H, [kind_of[j] for j in range(len(H))], (rows, cols))
     idx = torch.tensor(where, device=gap.device)
     W = [p[k].detach() for k in names]
     wgap = torch.cat([weight_isometry_gaps(s) for s in _weight_stacks(W)]).cpu().numpy()
@@ -505,10 +546,10 @@ def probe_metrics(
     return out
 
 
-def _spectra(H: Tensor, idx: Tensor, kinds: list[str], W: list[Tensor]) -> dict:
+def _spectra(H: list[Tensor], idx: Tensor, kinds: list[str], W: list[Tensor]) -> dict:
     """The "spectrum/*" record fields of `probe_metrics`."""
-    n = H.shape[1]
-    lam = torch.cat([spectra(c, n) for c in H.split(max(1, MAX_GRAM_ENTRIES // H[0].numel()))])
+    n = H[0].shape[0]
+    lam = torch.cat([spectra(c, n) for c in _stacked(H, list(range(len(H))))])
     per_kind = lam[idx].cpu().numpy().reshape(len(kinds), len(W), n)
     out = {f"spectrum/{k}": v for k, v in zip(kinds, per_kind, strict=True)}
     size = max(min(w.shape) for w in W)

@@ -27,10 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from service.activations import get_activation
+from service.activations import gain_schedule, get_activation
 from service.config import DATASET_SHAPES, TrialConfig
 from service.errors import InvalidInput
-from service.theory.meanfield import gain_schedule
 
 Params = dict[str, Tensor]
 State = dict[str, Tensor]
@@ -76,7 +75,7 @@ class Spec:
 
 def gains(activation_gain: float, gain_exponent: float, depth: int) -> tuple[float, ...]:
     """α_ℓ = α · ℓ^(−p) for ℓ = 1..L (Meterez et al. 2024, Sec. 5: p = 0.4 shapes tanh/sin), as
-    Python floats: the one schedule, service.theory.gain_schedule, that the theory uses too."""
+    Python floats: the one schedule, service.activations.gain_schedule, that the theory uses too."""
     return tuple(gain_schedule(activation_gain, gain_exponent, depth).tolist())
 
 

@@ -5,9 +5,9 @@
 
 `fit` is a plain generator: no Ray, no database. The record is specified in
 docs/architecture.md ("The epoch record"). Everything random derives from `config.seed` through
-separate streams (init, probe batch, shuffling, subset), so that measuring — or how often — never
-changes what is trained. Same config, seed, device and torch thread count give bit-identical
-records (`fit(threads=…)`; reductions split over threads round differently).
+separate streams (init, probe batch, shuffling, subset, epoch 0's subset), so that measuring —
+or how often — never changes what is trained. Same config, seed, device and torch thread count
+give bit-identical records (`fit(threads=…)`; reductions split over threads round differently).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from torch import Tensor
 
 from service.config import TrialConfig, parse_trial_config
 from service.errors import InvalidInput
+from service.isometry import cosine_gram
 from workers import nn
 from workers.data import Dataset, load_dataset, normalize_inputs, subset
 from workers.jacobian import jacobian_singular_values
-from workers.metrics import cosine_gram, probe_metrics
+from workers.metrics import probe_metrics
 
-STREAMS = {"init": 0, "probe": 1, "shuffle": 2, "subset": 3}
+STREAMS = {"init": 0, "probe": 1, "shuffle": 2, "subset": 3, "epoch0": 4}
 EVAL_CHUNK = 4096  # samples per forward when batch composition cannot change the result
 
 
@@ -96,7 +97,7 @@ class Trial:
             nn.to_device(nn.init_state(self.spec), self.device)
         )
         self.steps = 0  # optimizer steps taken; running statistics exist once it is > 0
-        self.optimizer = make_optimizer(c, list(self.params.values()))
+        self._optimizer: torch.optim.Optimizer | None = None
         n = len(data.X_train)
         probe = torch.randperm(n, generator=generator(c.seed, "probe"))[: c.batch_size]
         self.probe = (
@@ -104,6 +105,16 @@ class Trial:
             self.data.y_train[probe.to(self.device)],
         )
         self.shuffle = generator(c.seed, "shuffle")
+        self.epoch0_rows = epoch0_rows(c, n)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """Built at the first step that needs it: constructing a torch optimizer imports
+        torch._dynamo (~1 s, ~170 MB), which an init-only trial (epochs = 0) never needs.
+        Construction draws no randomness, so when it happens changes no number."""
+        if self._optimizer is None:
+            self._optimizer = make_optimizer(self.config, list(self.params.values()))
+        return self._optimizer
 
     def train_epoch(self) -> EpochStats:
         """One pass over the training set in shuffled minibatches of `batch_size` (the short tail
@@ -171,9 +182,14 @@ class Trial:
         return loss / len(X), correct / len(X)
 
     def initial_stats(self) -> EpochStats:
-        """Epoch 0's train loss/accuracy: the untrained network over the training set, in
-        minibatches with their own statistics (as training would see them), nothing updated."""
-        loss, acc = self.evaluate(self.data.X_train, self.data.y_train, "batch")
+        """Epoch 0's train loss/accuracy: the untrained network over the training set — or over
+        the seeded subset `epoch0_rows` (TrialConfig.epoch0_train_samples) — in minibatches
+        with their own statistics (as training would see them), nothing updated."""
+        X, y = self.data.X_train, self.data.y_train
+        if self.epoch0_rows is not None:
+            rows = self.epoch0_rows.to(self.device)
+            X, y = X[rows], y[rows]
+        loss, acc = self.evaluate(X, y, "batch")
         return EpochStats(loss, acc, 0.0, not math.isfinite(loss))
 
     def record(self, epoch: int, stats: EpochStats) -> dict[str, Any]:
@@ -204,7 +220,7 @@ class Trial:
                 self.spec, self.params, self.state, self.probe[0], self.config.jacobian_samples
             )
         if epoch == 0:
-            rec["input_gram"] = cosine_gram(self.probe[0])
+            rec["input_gram"] = cosine_gram(self.probe[0].cpu().numpy(), zero="nan")
             x = self.probe[0].to(torch.float64)  # as the first Linear sees it (after input_norm)
             rec["input_moments"] = (x.square().sum(dim=1) / x.shape[1]).cpu().numpy()
         return rec
@@ -213,6 +229,21 @@ class Trial:
         """How test metrics normalize: eval_norm, except "batch" before any step (see record)."""
         running = self.config.eval_norm == "running" and self.steps > 0
         return "running" if running else "batch"
+
+
+def epoch0_rows(config: TrialConfig, n: int) -> Tensor | None:
+    """The training rows epoch 0's train_loss/train_acc are measured on: None (all n, in order)
+    when n ≤ epoch0_train_samples or it is None; else max(epoch0_train_samples, batch_size)
+    rows drawn without replacement from the "epoch0" stream — its own, so neither the probe
+    batch, the training subset, the shuffling nor the initialization moves. The mean over k of n
+    samples is unbiased for the whole set's; for the accuracy its standard error is at most
+    √(n − k) / (2√(k(n − 1))) (a proportion sampled without replacement): 0.0067 at k = 5000
+    of n = 50000."""
+    k = config.epoch0_train_samples
+    if k is None or k >= n:
+        return None
+    k = max(k, config.batch_size)  # at least one whole minibatch (batch_size ≤ n)
+    return torch.randperm(n, generator=generator(config.seed, "epoch0"))[:k]
 
 
 def make_optimizer(config: TrialConfig, params: list[Tensor]) -> torch.optim.Optimizer:

@@ -13,11 +13,13 @@ of docs/architecture.md.
 from __future__ import annotations
 
 import math
+import traceback
 from typing import Any
 
 import numpy as np
 
 from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SPECTRUM_KEYS
+from service.errors import DataUnavailable, InvalidInput
 
 PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
 # what from_transport keeps of a Tune result
@@ -25,6 +27,11 @@ RESULT_KEYS = frozenset({*RECORD_KEYS, *METRICS, *SPECTRUM_KEYS})
 ARRAY_KEYS = frozenset({*LAYER_METRICS, "input_gram", "input_moments", *SPECTRUM_KEYS})
 DEVICE_KEY = "device"  # where the trial ran ("cpu", "cuda:0"); not stored, shown in progress
 TRIAL_KEY = "sweep_trial_id"  # Tune overwrites a result's "trial_id" with its own string id
+# the key of the last result of a trial that failed with an error that another attempt would
+# only repeat (bad input, missing data): "<Type>: <message>", a blank line, the traceback
+ERROR_KEY = "deterministic_error"
+DETERMINISTIC = (InvalidInput, DataUnavailable)  # the errors no retry can cure
+MAX_TRACE_CHARS = 20_000  # of a deterministic error's traceback (its tail is kept)
 
 
 def run_trial(config: dict[str, Any]) -> None:
@@ -32,9 +39,14 @@ def run_trial(config: dict[str, Any]) -> None:
     "data_dir": str | None}. Uses CUDA when Ray gave the trial a GPU, and as many torch threads as
     it was given CPUs.
 
+    An error that another attempt would only repeat (`DETERMINISTIC`: bad input, missing data)
+    is not raised, which would make Tune retry the trial: its last result carries the error
+    under `ERROR_KEY` instead, and the trial ends; StoreCallback marks it failed with it.
+
     Raises:
         RuntimeError: Ray assigned a GPU but this worker's torch cannot use CUDA.
-        InvalidInput, DataUnavailable: from fit(); Tune retries the trial, then marks it failed.
+        Exception: anything else fit() raises; Tune retries the trial (spec.max_failures),
+            then marks it failed.
     """
     import torch
     from ray import tune
@@ -44,8 +56,20 @@ def run_trial(config: dict[str, Any]) -> None:
     param = config[PARAM_KEY]
     device = pick_device()
     torch.set_num_threads(assigned_threads())
-    for record in fit(param["config"], device=device, data_dir=param.get("data_dir")):
-        tune.report(to_transport(record, trial_id=param["trial_id"], device=device))
+    try:
+        for record in fit(param["config"], device=device, data_dir=param.get("data_dir")):
+            tune.report(to_transport(record, trial_id=param["trial_id"], device=device))
+    except DETERMINISTIC as exc:
+        error = deterministic_error(exc)
+        tune.report({TRIAL_KEY: param["trial_id"], DEVICE_KEY: device, ERROR_KEY: error})
+
+
+def deterministic_error(exc: BaseException) -> str:
+    """`<Type>: <message>` (the message whole), a blank line, then the traceback's tail."""
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if len(trace) > MAX_TRACE_CHARS:
+        trace = "…" + trace[-MAX_TRACE_CHARS:]
+    return f"{type(exc).__name__}: {exc}\n\n{trace}"
 
 
 def pick_device() -> str:

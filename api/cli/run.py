@@ -163,7 +163,7 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[handler])
 
 
-def drive(store, sweep_id: int, *, lease_s: float | None, quiet: bool):
+def drive(store: Store, sweep_id: int, *, lease_s: float | None, quiet: bool) -> SweepInfo:
     """Run the sweep here until it is finished, interrupted, or driven by another runner
     (then follow its progress from the store until it finishes)."""
     from workers.runner import Runner, SignalStop
@@ -213,7 +213,7 @@ class Bar:
         self.bar.show_sweep(info.model_dump(), note=f" (runner {info.runner_id})")
 
 
-def exit_code(sweep) -> int:
+def exit_code(sweep: SweepInfo) -> int:
     if sweep.status == SweepStatus.COMPLETED:
         return EXIT_COMPLETED
     if sweep.status == SweepStatus.CANCELLED:
@@ -226,7 +226,7 @@ def exit_code(sweep) -> int:
     return EXIT_INTERRUPTED
 
 
-def print_summary(store, sweep) -> None:
+def print_summary(store: Store, sweep: SweepInfo) -> None:
     """The sweep's outcome, and the trial table (api.cli.display) of its first trials."""
     from service.spec import SweepSpec, swept_fields
 

@@ -17,12 +17,17 @@ import ipaddress
 import signal
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 
 from api.cli.common import CommandError, out
 from api.cli.run import shown_url
 from api.cli.supervise import RunnerSupervisor
+
+if TYPE_CHECKING:  # imported where they run: the CLI starts without SQLAlchemy
+    from service.settings import Settings
+    from service.store import Store, SweepInfo
 
 DEMO_SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
 
@@ -108,7 +113,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_open(settings) -> None:
+def check_open(settings: Settings) -> None:
     """Refuse to serve beyond loopback with no token, unless allow_open says it is meant."""
     if is_loopback(settings.host) or settings.api_token or settings.allow_open:
         return
@@ -133,7 +138,7 @@ def check_port_free(host: str, port: int) -> None:
             ) from None
 
 
-def submit_demo(store) -> None:
+def submit_demo(store: Store) -> None:
     """Submit examples/demo.yaml unless a sweep of that name exists."""
     from service.spec import load_spec
 
@@ -145,7 +150,7 @@ def submit_demo(store) -> None:
     out.print(f"submitted the demo sweep {spec.name!r} (id {sweep.id}, {sweep.n_trials} trials)")
 
 
-def all_sweeps(store) -> list:
+def all_sweeps(store: Store) -> list[SweepInfo]:
     page = store.settings.max_page_size
     found, offset = [], 0
     while True:
@@ -156,7 +161,7 @@ def all_sweeps(store) -> list:
             return found
 
 
-def announce(settings, runner: RunnerSupervisor | None) -> None:
+def announce(settings: Settings, runner: RunnerSupervisor | None) -> None:
     from rich.panel import Panel
 
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host

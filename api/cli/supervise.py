@@ -214,7 +214,7 @@ def terminate(proc: subprocess.Popen, grace_s: float) -> int:
 
 def session_pids(sid: int) -> list[int]:
     """Live (not zombie) processes of session `sid`, from /proc (Linux); [] elsewhere."""
-    found = []
+    found: list[int] = []
     proc = Path("/proc")
     if not proc.is_dir():
         return found

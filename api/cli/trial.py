@@ -37,7 +37,12 @@ def register(subparsers) -> None:
         help="torch CPU threads (default: 1, as a sweep trial with resources.cpu = 1 runs); "
         "records are bit-identical at equal thread counts",
     )
-    p.add_argument("--data-dir", type=Path, help="torchvision datasets root (ISOSWEEP_DATA_DIR)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        help="torchvision datasets root (default: ISOSWEEP_DATA_DIR, else "
+        "~/.local/share/isosweep/data — the directory `serve` and `run` use)",
+    )
     p.set_defaults(func=run_trial)
 
 
@@ -64,13 +69,33 @@ def read_config(path: Path | None, overrides: list[str] | None):
     return parse_trial_config(data)
 
 
+def check_data(dataset: str, data_dir: Path | None) -> Path:
+    """The absolute data directory; a torchvision set missing from it (downloads off) is refused
+    before torch is imported, as a sweep would be at submit.
+
+    Raises:
+        DataUnavailable: names the directory and the missing files.
+    """
+    from service.datasets import missing_files, unavailable_message
+    from service.errors import DataUnavailable
+    from service.settings import get_settings
+
+    settings = get_settings()
+    root = settings.data_dir if data_dir is None else data_dir.expanduser().resolve()
+    missing = [] if settings.allow_download else missing_files(dataset, root)
+    if missing:
+        raise DataUnavailable(unavailable_message(dataset, root, missing))
+    return root
+
+
 def run_trial(args: argparse.Namespace) -> int:
     config = read_config(args.config, args.overrides)
+    data_dir = check_data(config.dataset, args.data_dir)
     from service.jsonfmt import dumps
     from workers.train import fit  # torch is imported here, not when the CLI starts
 
     try:
-        records = fit(config, device=args.device, data_dir=args.data_dir, threads=args.threads)
+        records = fit(config, device=args.device, data_dir=data_dir, threads=args.threads)
         for record in records:
             sys.stdout.write(dumps(record) + "\n")
             sys.stdout.flush()

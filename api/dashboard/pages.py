@@ -27,6 +27,7 @@ from service import __version__
 from service.config import METRICS, SCALAR_METRICS
 from service.errors import InvalidInput, IsosweepError, NotFound
 from service.plots import PLOT_KINDS
+from service.store import Store, TrialInfo
 from service.store.models import SWEEP_STATUSES
 
 HERE = Path(__file__).resolve().parent
@@ -231,20 +232,23 @@ def sort_header(
     return out
 
 
-def table_rows(store: Any, sweep_id: int, q: v.TableQuery) -> tuple[list[Any], int, int]:
+def table_rows(store: Store, sweep_id: int, q: v.TableQuery) -> tuple[list[TrialInfo], int, int]:
     """One page of the trials table, and the number of trials matching. The store pages in
     expansion order itself; any other order reads every matching trial (a sweep holds at most
     ISOSWEEP_MAX_TRIALS_PER_SWEEP) and sorts them here."""
     size = min(v.PAGE_SIZE, store.settings.max_page_size)
     offset = (q.page - 1) * size
-    kw = {"status": q.status, "where": q.where}
+
+    def page(start: int, n: int) -> tuple[list[TrialInfo], int]:
+        return store.list_trials(sweep_id, status=q.status, where=q.where, offset=start, limit=n)
+
     if q.sort == "index" and not q.desc:
-        rows, total = store.list_trials(sweep_id, offset=offset, limit=size, **kw)
+        rows, total = page(offset, size)
         return rows, total, size
-    every: list[Any] = []
+    every: list[TrialInfo] = []
     chunk = store.settings.max_page_size
     while True:
-        part, total = store.list_trials(sweep_id, offset=len(every), limit=chunk, **kw)
+        part, total = page(len(every), chunk)
         every += part
         if not part or len(every) >= total:
             break

@@ -18,9 +18,11 @@ from service.errors import InvalidInput
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
 from service.plots.defaults import default_metric
 from service.spec import SweepSpec
+from service.status import TrialStatus, trials_finished
+from service.store import TrialInfo
 from service.store.models import TRIAL_STATUSES
 
-ACTIVE = frozenset({"queued", "running"})  # a page polls while something is in these
+ACTIVE = frozenset({TrialStatus.QUEUED, TrialStatus.RUNNING})  # a page polls while any is
 PAGE_SIZE = 50  # rows of a trials or sweeps page
 SUMMARY_COLUMNS = ("train_loss", "test_loss", "train_acc", "test_acc")
 API = "/api/v1"
@@ -125,7 +127,7 @@ def counts_text(counts: Mapping[str, int]) -> list[tuple[str, int]]:
 
 
 def trials_done(counts: Mapping[str, int]) -> int:
-    return sum(n for s, n in counts.items() if s not in ACTIVE)
+    return trials_finished(counts)
 
 
 # --- the trials table -------------------------------------------------------------------------
@@ -192,7 +194,7 @@ def param(query: Mapping[str, list[str]], name: str) -> str:
     return values[-1].strip()
 
 
-def sort_trials(trials: list[Any], column: str, desc: bool) -> list[Any]:
+def sort_trials(trials: list[TrialInfo], column: str, desc: bool) -> list[TrialInfo]:
     """Trials by one column; missing values (None) last and NaN just before them, whichever
     the direction, so a sort by loss shows real numbers first."""
     key = _column_key(column)

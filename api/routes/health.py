@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Request
@@ -30,6 +31,7 @@ from api.schemas import (
 from service import __version__
 from service.errors import IsosweepError
 from service.status import SweepStatus
+from service.store import SweepInfo
 
 router = APIRouter(tags=["health"])
 
@@ -73,13 +75,19 @@ def read_health(store: StoreDep, request: Request) -> Response:
     return NonFiniteJSONResponse(health.model_dump(mode="json"), status_code=200 if ok else 503)
 
 
+class SupervisedRunner(Protocol):
+    """What healthz reads of the runner beside the API (api.cli.supervise.RunnerSupervisor)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+
 def runner_health(request: Request) -> RunnerHealth | None:
     """The supervised runner's state, or None when the API runs without one."""
     supervisor = getattr(request.app.state, "runner", None)
     return None if supervisor is None else RunnerHealth(**supervisor.status())
 
 
-def ray_health(running: list, total: int) -> RayHealth:
+def ray_health(running: list[SweepInfo], total: int) -> RayHealth:
     """Where Ray stands; `running` is (the first page of) the running sweeps, `total` their
     number."""
     address = os.environ.get("RAY_ADDRESS") or None

@@ -23,11 +23,13 @@ from api.schemas import Real
 from service import jsonfmt
 from service.config import SPECTRUM_KEYS
 from service.plots.spectra import SPECTRUM_PLOT_KINDS, make_spectrum_plot
+from service.status import TrialStatus
 
 router = APIRouter(tags=["spectra"])
 
 MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
-STABLE = ("completed", "diverged", "cancelled")  # trial statuses whose results no longer change
+# trial statuses whose results no longer change (a failed trial may run again)
+STABLE = (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.CANCELLED)
 
 Name = Annotated[
     str | None,

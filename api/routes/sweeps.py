@@ -25,18 +25,20 @@ from api.schemas import (
     TrialStatus,
 )
 from api.spec_body import SPEC_BODY, read_spec
+from service.settings import Settings
 from service.spec import parse_spec
+from service.store import Store, SweepInfo, TrialInfo
 
 router = APIRouter(tags=["sweeps"])
 
 SweepLimit = Annotated[int, Query(ge=1, description="page size (≤ ISOSWEEP_MAX_PAGE_SIZE)")]
 
 
-def sweep_public(info: Any) -> SweepPublic:
+def sweep_public(info: SweepInfo) -> SweepPublic:
     return SweepPublic.model_validate(info.model_dump())
 
 
-def trial_public(info: Any) -> TrialPublic:
+def trial_public(info: TrialInfo) -> TrialPublic:
     return TrialPublic.model_validate(info.model_dump())
 
 
@@ -54,7 +56,7 @@ async def create_sweep(request: Request, store: StoreDep, settings: SettingsDep)
     return sweep_public(info)
 
 
-def _create(store: Any, data: Any, settings: Any) -> Any:
+def _create(store: Store, data: dict[str, Any] | str, settings: Settings) -> SweepInfo:
     return store.create_sweep(parse_spec(data, settings=settings))
 
 

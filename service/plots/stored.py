@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,9 @@ from service.plots import (
 )
 from service.plots.select import check_choice, line_label, metric_rows, resolve_epoch
 
+if TYPE_CHECKING:  # the store imports SQLAlchemy; plots are drawn without it
+    from service.store import Store, TrialInfo
+
 # The theory's Gram of each recorded sub-layer (service.theory.STAGES: linear, norm, act).
 STAGE_OF = {m: m.removeprefix("isometry_gap/") for m in GAP_METRICS}
 # What the mean-field theorem assumes, field → the values it covers (layer_scale: centered=False).
@@ -50,7 +53,7 @@ EpochArg = int | str | None  # a number, "last", or None (the kind's default)
 
 
 def make_plot(
-    store: Any,
+    store: Store,
     sweep_id: int,
     kind: str,
     *,
@@ -165,7 +168,7 @@ def layers_to_read(
     return sorted(ell for ell in wanted | ds if ell >= 1)
 
 
-def _sweep_depths(store: Any, sweep_id: int) -> list[int]:
+def _sweep_depths(store: Store, sweep_id: int) -> list[int]:
     """Every depth of the sweep, from its stored spec (an axis or a fixed value)."""
     parameters = store.get_sweep(sweep_id).spec.get("parameters") or {}
     depth = parameters.get("depth", TrialConfig.model_fields["depth"].default)
@@ -178,7 +181,7 @@ def _plot_epoch(frame: pd.DataFrame, epoch: EpochArg) -> int | None:
     return int(frame["epoch"].max()) if not frame.empty else None
 
 
-def _one_trial(store: Any, sweep_id: int, trial_id: int, where: dict[str, Any]) -> dict[str, Any]:
+def _one_trial(store: Store, sweep_id: int, trial_id: int, where: dict[str, Any]) -> dict[str, Any]:
     """Config filters that select exactly one trial of the sweep (its whole config), kept
     consistent with any filters already given (a clash selects nothing)."""
     t = store.get_trial(trial_id)
@@ -197,7 +200,7 @@ def _one_trial(store: Any, sweep_id: int, trial_id: int, where: dict[str, Any]) 
 
 
 def overlay_predictions(
-    store: Any,
+    store: Store,
     frame: pd.DataFrame,
     metric: str,
     *,
@@ -239,7 +242,7 @@ def overlay_predictions(
 
 
 def line_prediction(
-    store: Any, trials: list[Any], stage: str
+    store: Store, trials: list[TrialInfo], stage: str
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """(layers (D,), mean predicted gap (D,)) over the seeds of one line; each seed's deepest
     trial stands for it (the prediction at ℓ does not depend on the total depth)."""
@@ -267,7 +270,7 @@ _CACHE_SIZE = 512
 _LOCK = threading.Lock()
 
 
-def trial_prediction(store: Any, trial: Any, stage: str) -> np.ndarray | None:
+def trial_prediction(store: Store, trial: TrialInfo, stage: str) -> np.ndarray | None:
     """Mean-field gaps (depth,) from the trial's input Gram and input moments, or None when no
     Gram is stored. Cached: both are recorded with epoch 0 and fixed by the seed (and input_norm).
 

@@ -13,12 +13,15 @@ two).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from sqlalchemy import (
     JSON,
     Boolean,
+    Column,
     DateTime,
     Float,
     ForeignKey,
@@ -30,11 +33,10 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
-    false,
-    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from service.config import CONFIG_FIELDS, TrialConfig
 from service.status import SweepStatus, TrialStatus
 
 # The status columns hold service.status values; these are the plain strings, in order (the
@@ -119,45 +121,42 @@ class SqlTrial(Base):
     # The earlier trial whose stored results this one reuses (same config hash), or None.
     results_from: Mapped[int | None] = mapped_column(ForeignKey("trials.id"))
     summary: Mapped[dict | None] = mapped_column(JSON)  # last epoch's scalars, jsonfmt spelling
-
-    # One column per TrialConfig field (service.config.CONFIG_FIELDS), so `where` filters run in
-    # SQL. A test checks that every field has its column.
-    depth: Mapped[int] = mapped_column(Integer)
-    width: Mapped[int] = mapped_column(Integer)
-    activation: Mapped[str] = mapped_column(String(32))
-    activation_gain: Mapped[float] = mapped_column(Float)
-    gain_exponent: Mapped[float] = mapped_column(Float)
-    norm: Mapped[str] = mapped_column(String(32))
-    order: Mapped[str] = mapped_column(String(32))
-    init: Mapped[str] = mapped_column(String(32))
-    init_gain: Mapped[float] = mapped_column(Float)
-    bias: Mapped[bool] = mapped_column(Boolean)
-    batch_size: Mapped[int] = mapped_column(Integer)
-    epochs: Mapped[int] = mapped_column(Integer)
-    optimizer: Mapped[str] = mapped_column(String(32))
-    lr: Mapped[float] = mapped_column(Float)
-    momentum: Mapped[float] = mapped_column(Float)
-    weight_decay: Mapped[float] = mapped_column(Float)
-    dataset: Mapped[str] = mapped_column(String(32))
-    max_train_samples: Mapped[int | None] = mapped_column(Integer)
-    eval_norm: Mapped[str] = mapped_column(String(32))
-    record_every: Mapped[int] = mapped_column(Integer)
-    seed: Mapped[int] = mapped_column(Integer)
-    # Added by revision 0002 (server defaults = the field defaults, so older rows stay valid).
-    dtype: Mapped[str] = mapped_column(String(32), server_default="float32")
-    norm_eps: Mapped[float] = mapped_column(Float, server_default="1e-05")
-    bias_init: Mapped[str] = mapped_column(String(32), server_default="zero")
-    head_init: Mapped[str | None] = mapped_column(String(32))
-    orthogonal_gain: Mapped[bool] = mapped_column(Boolean, server_default=true())
-    input_norm: Mapped[str] = mapped_column(String(32), server_default="none")
-    spectra: Mapped[bool] = mapped_column(Boolean, server_default=false())
-    jacobian_samples: Mapped[int] = mapped_column(Integer, server_default="0")
+    if TYPE_CHECKING:  # for the type checker: config columns the store reads by name (below:
+        # every TrialConfig field gets its column, made from the field's type)
+        depth: Mapped[int]
+        epochs: Mapped[int]
+        record_every: Mapped[int]
 
     __table_args__ = (
         UniqueConstraint("sweep_id", "index"),
         Index(None, "sweep_id", "status"),
         Index(None, "config_hash", "status"),  # reuse lookups
     )
+
+
+def config_column(name: str) -> Column:
+    """The trials column of TrialConfig field `name`, from its type: int → Integer, float →
+    Float, bool → Boolean, a Literal of names (or str) → String(32); nullable when the field
+    may be None. (Server defaults for rows older than a field live in its migration.)"""
+    annotation, nullable = TrialConfig.model_fields[name].annotation, False
+    if get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation):
+        (annotation,) = (a for a in get_args(annotation) if a is not type(None))
+        nullable = True
+    if annotation in SQL_TYPES:
+        sql_type = SQL_TYPES[annotation]()
+    elif annotation is str or get_origin(annotation) is Literal:
+        sql_type = String(32)
+    else:
+        raise TypeError(f"TrialConfig.{name}: no column type for {annotation!r}")
+    return Column(name, sql_type, nullable=nullable)
+
+
+SQL_TYPES: dict[Any, Callable[[], Any]] = {bool: Boolean, int: Integer, float: Float}
+
+# One column per TrialConfig field (service.config.CONFIG_FIELDS), derived from its type, so that
+# `where` filters run in SQL. A test checks the migrations create the same columns.
+for _name in CONFIG_FIELDS:
+    setattr(SqlTrial, _name, config_column(_name))
 
 
 class SqlMetric(Base):

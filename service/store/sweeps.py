@@ -11,6 +11,7 @@ from sqlalchemy import and_, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from service.config import CONFIG_FIELDS, config_hash
+from service.datasets import check_datasets
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from service.settings import Settings
 from service.spec import SweepSpec, check_limits
@@ -26,7 +27,6 @@ from service.store.models import (
 from service.store.schemas import SweepInfo
 
 CHUNK = 500  # rows per bulk insert and ids per IN (...) list
-FINISHED_SWEEP = SweepStatus.finished()  # kept for callers; prefer SweepStatus(s).is_finished()
 UNFINISHED_TRIAL = (TrialStatus.QUEUED, TrialStatus.RUNNING)
 REUSABLE = (TrialStatus.COMPLETED, TrialStatus.DIVERGED)  # a divergence is a result too
 
@@ -38,6 +38,9 @@ def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
     BEGIN IMMEDIATE holds the database's one write lock until the commit (engine.py)."""
     trials = trial_rows(spec, settings)
     reuse = {} if spec.rerun else _reusable(s, [t["config_hash"] for t in trials])
+    # The trials that will run need their dataset here (a few stat calls): refused now, naming
+    # the missing files, rather than failed by every trial (InvalidInput, service.datasets).
+    check_datasets({t["dataset"] for t in trials if t["config_hash"] not in reuse}, settings)
     now = utcnow()
     all_reused = len(reuse) == len(trials) and bool(trials)
     sweep = SqlSweep(
@@ -352,6 +355,20 @@ def is_cancel_requested(s: Session, sweep_id: int) -> bool:
     return bool(flag)
 
 
+def _failure_summary(s: Session, sweep_id: int, failed: int, total: int) -> str:
+    """ "k of n trials failed", then the first failure's reason whole: its error up to the first
+    blank line (the summary line; the traceback after it stays on the trial)."""
+    first = s.execute(
+        select(SqlTrial.id, SqlTrial.error)
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status == TrialStatus.FAILED)
+        .order_by(SqlTrial.finished_at.is_(None), SqlTrial.finished_at, SqlTrial.id)
+        .limit(1)
+    ).first()
+    text = f"{failed} of {total} trials failed"
+    reason = (first.error or "").split("\n\n", 1)[0].strip() if first else ""
+    return f"{text}; the first, trial {first.id}: {reason}" if first and reason else text
+
+
 def finish_sweep(s: Session, sweep_id: int) -> SweepInfo:
     w = get_sweep_row(s, sweep_id, lock=True)
     if SweepStatus(w.status).is_finished():
@@ -379,7 +396,7 @@ def finish_sweep(s: Session, sweep_id: int) -> SweepInfo:
         )
     elif counts.get(TrialStatus.FAILED, 0):
         w.status = SweepStatus.FAILED
-        w.error = f"{counts[TrialStatus.FAILED]} of {sum(counts.values())} trials failed"
+        w.error = _failure_summary(s, sweep_id, counts[TrialStatus.FAILED], sum(counts.values()))
     else:
         w.status = SweepStatus.COMPLETED
     w.finished_at, w.lease_expires_at = now, None

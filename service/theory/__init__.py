@@ -27,16 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from service.activations import ACTIVATION_NAMES, ACTIVATIONS, Activation
+from service.activations import ACTIVATION_NAMES, ACTIVATIONS, Activation, gain_schedule
+from service.isometry import cosine_gram, unit_gram
 from service.theory.firstlayer import SERIES_TERMS, SERIES_TOL, weight_variance_scale
 from service.theory.kappa import KAPPA_TOL, _dual_at_ends, _kappa_map, _kappa_map_cached
 from service.theory.meanfield import (
-    cosine_gram,
-    gain_schedule,
     layer_gains,
     mean_field_gaps,
     mean_field_grams,
-    unit_gram,
 )
 from service.theory.quadrature import (
     DEPTH_MAX,

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from service.activations import Activation
+from service.activations import Activation, gain_schedule
 from service.errors import InvalidInput, LimitExceeded
-from service.isometry import isometry_gap
+from service.isometry import isometry_gap, unit_gram
 from service.theory.firstlayer import EQUAL_RTOL, check_variances, first_block
 from service.theory.kappa import _kappa_maps
 from service.theory.quadrature import (
@@ -23,62 +23,6 @@ from service.theory.quadrature import (
 )
 
 # ----------------------------------------------------------------------- mean-field Gram recursion
-
-
-def cosine_gram(inputs: np.ndarray) -> np.ndarray:
-    """The cosine Gram xᵢ·xⱼ/(‖xᵢ‖‖xⱼ‖) (unit diagonal, float64) of a batch of inputs (n, d): the
-    recursion's start (Joudaki et al. 2023, Thm 5.1). The one definition: the engine's recorded
-    `input_gram` (workers.metrics.cosine_gram) is tested against it."""
-    X = np.asarray(inputs, dtype=np.float64)
-    if X.ndim != 2 or X.shape[0] < 1 or not np.isfinite(X).all():
-        raise InvalidInput(f"need a finite (n, d) batch, got shape {X.shape}", field="inputs")
-    norms = np.linalg.norm(X, axis=1)
-    if not (norms > 0).all():
-        raise InvalidInput("a sample is all zeros: its direction is undefined", field="inputs")
-    U = X / norms[:, None]
-    return unit_gram(U @ U.T)
-
-
-def unit_gram(gram: np.ndarray) -> np.ndarray:
-    """Validate a Gram and rescale it to unit diagonal (a cosine Gram), the recursion's start.
-
-    Raises:
-        InvalidInput (field "input_gram"): not square, not finite, not symmetric, a diagonal entry
-            ≤ 0, or not positive semi-definite.
-    """
-    G = np.asarray(gram, dtype=np.float64)
-    if G.ndim != 2 or G.shape[0] != G.shape[1] or G.shape[0] < 1:
-        raise InvalidInput(
-            f"must be a square (n, n) matrix, got shape {G.shape}", field="input_gram"
-        )
-    if not np.isfinite(G).all():
-        raise InvalidInput("has NaN or infinite entries", field="input_gram")
-    scale = np.abs(G).max()
-    if np.abs(G - G.T).max() > 1e-8 * scale:
-        raise InvalidInput("is not symmetric", field="input_gram")
-    d = np.diag(G)
-    if not (d > 0).all():
-        raise InvalidInput("needs a positive diagonal (an all-zero input?)", field="input_gram")
-    C = G / np.sqrt(np.outer(d, d))
-    C = (C + C.T) / 2
-    lam_min = np.linalg.eigvalsh(C)[0]
-    if lam_min < -1e-8 * C.shape[0]:
-        raise InvalidInput(
-            f"is not positive semi-definite (smallest eigenvalue {lam_min:.3g})", field="input_gram"
-        )
-    C = np.clip(C, -1.0, 1.0)
-    np.fill_diagonal(C, 1.0)
-    return C
-
-
-def gain_schedule(gain: float, gain_exponent: float, depth: int) -> np.ndarray:
-    """α_ℓ = α·ℓ^(−p), ℓ = 1..L, float64 (L,): the activation-shaping schedule (Meterez et al.
-    2024, Sec. 5; p = 0.4 shapes tanh and sin). The one definition: the engine's workers.nn.gains
-    and the theory's `layer_gains` both come from it. No range checks (the engine admits gains the
-    quadrature does not). Python floats, not numpy's vectorized power: its SIMD pow differs from
-    libm's by an ulp on long arrays, and the engine's gains must be these to the bit."""
-    a, p = float(gain), -float(gain_exponent)
-    return np.array([a * ell**p for ell in range(1, int(depth) + 1)], dtype=np.float64)
 
 
 def layer_gains(gain: float, gain_exponent: float, depth: int) -> np.ndarray:

@@ -100,11 +100,14 @@ def test_peek_tells_a_hit_a_flight_and_a_miss_without_computing():
 
 
 def test_the_byte_bound_evicts_least_recently_used():
-    cache = SingleFlightCache(max_bytes=250)
-    for key in "abc":
-        cache.get(key, lambda: b"x" * 100, final=True)  # c pushes a out
-    assert cache.get("b", lambda: b"new", final=True) == b"x" * 100
-    assert cache.get("a", lambda: b"new", final=True) == b"new"
+    cache = SingleFlightCache(max_bytes=250)  # room for two 100-byte values, not three
+    for key in "ab":
+        cache.get(key, lambda: b"x" * 100, final=True)
+    assert cache.get("a", lambda: b"new", final=True) == b"x" * 100  # a hit: a is now the newest
+    cache.get("c", lambda: b"x" * 100, final=True)  # pushes out b, the least recently used
+    assert cache.peek("a") == ("hit", b"x" * 100)  # oldest by insertion, but read since (no FIFO)
+    assert cache.peek("c") == ("hit", b"x" * 100)
+    assert cache.peek("b") == ("miss", None)
 
 
 def test_the_version_follows_states_and_progress():

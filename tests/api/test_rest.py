@@ -335,17 +335,31 @@ def test_nonfinite_values_round_trip_through_csv_and_parquet(api):
 
 
 def test_csv_streams_in_chunks_and_keeps_every_row(api, monkeypatch):
+    import api.routes.metrics as route
     import api.tables as tables
 
     s = submit(api, spec(depth=[2, 3], seeds=2))
     fill(api, s["id"])
     monkeypatch.setattr(tables, "CSV_CHUNK_ROWS", 7)  # many chunks, one header
+    sent: list[bytes] = []  # each chunk the route's generator hands the StreamingResponse
+    chunks = route.csv_chunks
+
+    def counted(*args, **kw):
+        for chunk in chunks(*args, **kw):
+            sent.append(chunk)
+            yield chunk
+
+    monkeypatch.setattr(route, "csv_chunks", counted)
     with api.client.stream("GET", f"/sweeps/{s['id']}/metrics", params={"format": "csv"}) as r:
         text = "".join(r.iter_text())
         assert r.headers.get("transfer-encoding") == "chunked"
     csv = pd.read_csv(io.StringIO(text))
     total = api.get(f"/sweeps/{s['id']}/metrics").json()["count"]
     assert len(csv) == total and text.count("trial_id") == 1
+    assert total > 3 * 7 and len(sent) == math.ceil(total / 7)  # CSV_CHUNK_ROWS rows each
+    assert b"".join(sent).decode() == text  # what was sent is what arrived, in order
+    rows = [c.decode().count("\n") for c in sent]
+    assert rows == [1 + 7] + [7] * (len(sent) - 2) + [total - 7 * (len(sent) - 1)]  # + header
 
 
 def test_metrics_json_pages(api):

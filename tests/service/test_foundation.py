@@ -80,6 +80,7 @@ OTHER_VALUE = {
     "input_norm": "unit_rms",
     "spectra": True,
     "jacobian_samples": 3,
+    "epoch0_train_samples": 200,
 }
 NEEDS = {"bias_init": {"bias": True}}  # what a field's other value needs besides itself
 

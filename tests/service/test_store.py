@@ -340,6 +340,22 @@ def test_list_trials_filters_in_sql(store):
 
     assert depths_lrs(where={"depth": 3, "lr": 0.1}) == [(3, 0.1)]
     assert depths_lrs(where={"depth": [2, 4], "lr": "1e-3"}) == [(2, 0.001), (4, 0.001)]
+    # A page smaller than the sweep, of trials that come last in expansion order: a filter
+    # applied after LIMIT/OFFSET (in Python, on the first page) would find none of them.
+    everything = store.list_trials(sweep.id, limit=100)[0]
+    last_depth = everything[-1].config["depth"]
+    matching = [t.id for t in everything if t.config["depth"] == last_depth]
+    assert len(matching) == 4 and everything[0].id not in matching
+
+    def page(offset):
+        trials, total = store.list_trials(
+            sweep.id, where={"depth": last_depth}, offset=offset, limit=2
+        )
+        return [t.id for t in trials], total
+
+    assert page(0) == (matching[:2], 4)
+    assert page(2) == (matching[2:], 4)
+    assert page(4) == ([], 4)
     assert store.list_trials(sweep.id, where={"bias": "true"})[1] == 6
     assert store.list_trials(sweep.id, where={"max_train_samples": None})[1] == 12
     assert store.list_trials(sweep.id, where={"depth": []})[1] == 0

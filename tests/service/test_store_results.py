@@ -228,10 +228,23 @@ def test_filters_epoch_layers_where_and_last(store):
     assert len(f) == 4 * 2 * 2  # trials × epochs × (one layer + one scalar)
     last = store.read_metrics(sweep.id, metrics="train_loss", epoch="last", where={"depth": 3})
     assert last["epoch"].tolist() == [2, 2] and last["depth"].tolist() == [3, 3]
-    # a trial that stopped early: its own last epoch
+    # rewriting an earlier epoch: last_epoch stays the highest stored
     store.write_records([(trials[0].id, record(0, 0, 2))])
     lone = store.read_metrics(sweep.id, metrics="train_loss", epoch="last", where={"seed": 0})
-    assert sorted(lone["epoch"].tolist()) == [2, 2]  # last_epoch stays the highest stored
+    assert sorted(lone["epoch"].tolist()) == [2, 2]
+    # a trial that stopped early (a new attempt that diverged after epoch 1): its own last epoch,
+    # not the sweep's highest, nor the epoch 2 of the attempt it replaced
+    early = trials[0]
+    assert early.config["seed"] == 0
+    store.start_trial(early.id)
+    store.write_records([(early.id, record(0, e, early.config["depth"])) for e in (0, 1)])
+    store.finish_trial(early.id, "diverged")
+    lone = store.read_metrics(sweep.id, metrics="train_loss", epoch="last", where={"seed": 0})
+    by_trial = dict(zip(lone["trial_id"], lone["epoch"], strict=True))
+    others = {t.id: 2 for t in trials if t.config["seed"] == 0 and t.id != early.id}
+    assert by_trial == {early.id: 1, **others}
+    value = lone.loc[lone["trial_id"] == early.id, "value"].item()
+    assert value == record(0, 1, early.config["depth"])["train_loss"]  # this attempt's epoch 1
 
 
 def test_aggregate_over_seeds(store):

@@ -4,6 +4,8 @@ command."""
 
 import json
 import math
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from service.isometry import gram_of, isometry_gap
 
 PI, E = math.pi, math.e
 REPO = Path(__file__).resolve().parents[2]
+RED = "\x1b[1;31m"  # rich's bold red, what api.cli.common.fail prints "error:" in
 
 
 def custom(name, f, breakpoints=()):
@@ -537,11 +540,23 @@ def test_moments_that_do_not_exist_are_refused():
         theory.isometry_strength(custom("zero", lambda x: np.zeros_like(x)))
 
 
+@pytest.mark.slow
 def test_big_stacks_are_refused_but_gaps_are_not():
-    G = np.eye(600)
+    """The same depth·n² = 3.6·10⁷ > GRAM_CELLS_MAX: the stack is refused, its gaps are not.
+    An equicorrelated Gram (1 − c)I + c·11ᵀ stays one under κ, with c_ℓ = κ(c_{ℓ−1}) and
+    eigenvalues 1 − c (n − 1 times) and 1 + (n − 1)c: the gaps in closed form."""
+    n, depth, c = 600, 100, 0.5
+    G = np.full((n, n), c)
+    np.fill_diagonal(G, 1.0)
     with pytest.raises(LimitExceeded, match="mean_field_gaps"):
-        theory.mean_field_grams("relu", 100, G)
-    assert theory.mean_field_gaps("relu", 2, np.eye(3)) == pytest.approx([0.0, 0.0], abs=1e-15)
+        theory.mean_field_grams("relu", depth, G)
+    expected = []
+    for _ in range(depth):
+        c = theory.kappa("relu", 1.0, c)
+        expected.append(-((n - 1) * math.log1p(-c) + math.log1p((n - 1) * c)) / n)
+    gaps = theory.mean_field_gaps("relu", depth, G)
+    assert gaps == pytest.approx(expected, rel=1e-9, abs=1e-14)
+    assert gaps[0] > 0.5 and gaps[20] > 1e-5  # not vanishing from the start
 
 
 # ----------------------------------------------------------------------------------- summaries
@@ -566,10 +581,12 @@ def test_summaries_are_json_ready_and_complete():
 # ------------------------------------------------------------------------------------------ CLI
 
 
-def isosweep(*args):
-    """`isosweep theory ARGS` as a user runs it (support.isosweep_command)."""
+def isosweep(*args, env=None):
+    """`isosweep theory ARGS` as a user runs it (support.isosweep_command); `env`: more
+    environment variables."""
     cmd = [*isosweep_command(), "theory", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    environ = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120, env=environ)
 
 
 def test_cli_json_summary():
@@ -623,9 +640,10 @@ def test_cli_gap_curve_from_a_gram_file(tmp_path):
     ],
 )
 def test_cli_errors_are_red_and_exit_1(args, message):
-    r = isosweep(*args)
-    assert r.returncode == 1
-    assert message in r.stderr and "error:" in r.stderr
+    r = isosweep(*args, env={"FORCE_COLOR": "1", "TERM": "xterm"})  # rich colours into a pipe
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith(RED + "error:"), r.stderr
+    assert message in re.sub(r"\x1b\[[0-9;]*m", "", r.stderr)  # the message, without colours
 
 
 # ----------------------------------------------------------- the first block from the real input

@@ -119,3 +119,36 @@ def test_unreadable_or_non_object_config(tmp_path):
     cfg.write_text('{"widht": 3}')
     res = isosweep("trial", "--config", str(cfg))
     assert res.returncode != 0 and "widht: unknown field" in res.stderr
+
+
+# Modules an init-only trial on an offline dataset has no use for: torch._dynamo (imported by
+# building a torch optimizer, ~1 s), scikit-learn (~1 s; digits is read from its CSV directly)
+# and torchvision.
+NEEDLESS = ("torch._dynamo", "sklearn", "torchvision")
+PROBE_IMPORTS = """
+import json, sys
+from workers.train import fit
+records = list(fit({{"depth": 10, "epochs": {epochs}, "dataset": "{dataset}"}}))
+print(json.dumps(sorted(m for m in {needless} if m in sys.modules)))
+"""
+
+
+def loaded_after_fit(epochs: int, dataset: str = "digits") -> list[str]:
+    code = PROBE_IMPORTS.format(epochs=epochs, dataset=dataset, needless=NEEDLESS)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow  # subprocesses importing torch: seconds
+@pytest.mark.parametrize("dataset", ["digits", "gaussian"])
+def test_init_only_trial_imports_no_optimizer_compiler_or_sklearn(dataset):
+    """The filed defect: `epochs = 0` built the SGD optimizer, importing torch._dynamo, and
+    digits imported all of scikit-learn."""
+    assert loaded_after_fit(0, dataset) == []
+
+
+@pytest.mark.slow
+def test_training_builds_the_optimizer_so_the_probe_above_can_fail():
+    assert "torch._dynamo" in loaded_after_fit(1, "gaussian")

@@ -152,7 +152,25 @@ def test_failed_download_is_unavailable(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets.MNIST, "download", offline)
     with pytest.raises(DataUnavailable, match=r"download failed: .*no network"):
-        data.load_dataset("mnist", tmp_path)
+        data.load_dataset("mnist", tmp_path, download=True)
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_downloads_follow_the_allow_download_setting(tmp_path, monkeypatch, allow):
+    """Without `download=`, workers/data.py tries a download exactly when the settings allow
+    one (ISOSWEEP_ALLOW_DOWNLOAD), the setting the submit check uses."""
+    from service.settings import get_settings
+
+    tried = []
+    monkeypatch.setattr(datasets.MNIST, "download", lambda self: tried.append(self.root))
+    monkeypatch.setenv("ISOSWEEP_ALLOW_DOWNLOAD", str(allow).lower())
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(DataUnavailable, match="ISOSWEEP_ALLOW_DOWNLOAD=true"):
+            data.load_dataset("mnist", tmp_path)
+    finally:
+        get_settings.cache_clear()
+    assert tried == ([str(tmp_path)] if allow else [])
 
 
 def test_default_root_is_the_settings_data_dir(tmp_path, monkeypatch):
@@ -191,6 +209,27 @@ def test_digits_fixed_split_standardized():
     data._CACHE.clear()
     again = data.load_dataset("digits")
     assert torch.equal(again.X_train, ds.X_train) and torch.equal(again.y_test, ds.y_test)
+
+
+def test_digits_is_scikit_learns_split_read_without_importing_it():
+    """The pinned split (workers/digits_split.py) is the one train_test_split made, row for row,
+    so digits records are unchanged; and scikit-learn is not imported to read it (a subprocess:
+    this process has imported it already)."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    X, y = load_digits(return_X_y=True)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.2, random_state=0, stratify=y)
+    raw = data._digits()
+    for got, want in zip(raw, (Xtr, ytr, Xte, yte), strict=True):
+        assert got.dtype == torch.from_numpy(want).dtype
+        np.testing.assert_array_equal(got.numpy(), want)
+    code = "import sys; from workers import data; data._digits(); print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_gaussian_is_fixed_balanced_and_linearly_labelled():

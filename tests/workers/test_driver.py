@@ -1,6 +1,7 @@
 """The sweep driver. Fast tests drive StoreCallback, CancelStopper and Heartbeat by hand (fake Tune
 trials, a real store); the `ray` tests run real sweeps on a local Ray instance: every expected row
-stored and equal to fit() run here, cancel, divergence, failures with retries."""
+stored and equal to fit() run here, cancel, divergence, failures (retried unless no retry can
+cure them)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from records import record, value_of
 from support import TINY
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
-from service.errors import StorageError
+from service.errors import InvalidInput, StorageError
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
 from service.store.sweeps import LeaseLost
+from workers import driver
 from workers.callbacks import (
     CancelStopper,
     Heartbeat,
@@ -30,7 +32,14 @@ from workers.callbacks import (
     exception_line,
 )
 from workers.driver import new_progress, run_sweep
-from workers.trainable import PARAM_KEY, TRIAL_KEY, from_transport, to_transport
+from workers.trainable import (
+    ERROR_KEY,
+    PARAM_KEY,
+    TRIAL_KEY,
+    deterministic_error,
+    from_transport,
+    to_transport,
+)
 
 RUNNER = "test-runner"
 
@@ -238,6 +247,26 @@ def test_retry_starts_a_new_attempt_then_failure_stores_the_error(store, tmp_pat
     assert store.trial_history(a, "head_grad_norm")[1][0] == 2.0 * head
 
 
+def test_a_deterministic_error_fails_the_trial_with_its_whole_message(store):
+    sweep, trials = claimed_sweep(store, epochs=3)
+    a = trials[0].id
+    cb, _ = callback_for(store, sweep, trials)
+    trial = FakeTrial(a)
+    long = "x" * 5000  # a long message is kept whole, not cut to a summary
+    try:
+        raise InvalidInput(f"too big {long}", field="batch_size")
+    except InvalidInput as exc:
+        text = deterministic_error(exc)
+    assert text.startswith(f"InvalidInput: batch_size: too big {long}\n\nTraceback")
+    cb.on_trial_start(0, [], trial)
+    cb.on_trial_result(0, [], trial, tune_result(a, record(0, 0, 2)))
+    cb.on_trial_result(0, [], trial, {TRIAL_KEY: a, "device": "cpu", ERROR_KEY: text})
+    cb.on_trial_complete(0, [], trial)  # the trainable returned: Tune saw no error, no retry
+    t = store.get_trial(a)
+    assert (t.status, t.attempts, t.error, t.last_epoch) == ("failed", 1, text, 0)
+    assert cb.tracker.status[a] == "failed"
+
+
 def test_after_the_lease_is_lost_nothing_is_written(store):
     sweep, trials = claimed_sweep(store)
     a = trials[0].id
@@ -395,11 +424,16 @@ def test_heartbeat_keeps_the_lease_through_a_blip(store, monkeypatch):
     assert not control.lost.is_set() and not fails
 
 
-def test_run_sweep_with_nothing_to_run_finishes_without_ray(store):
+def test_run_sweep_with_nothing_to_run_finishes_without_ray(store, monkeypatch):
     sweep, trials = claimed_sweep(store, epochs=0, seeds=1)
     store.start_trial(trials[0].id)
     store.write_records([(trials[0].id, record(0, 0, 2))])
     store.finish_trial(trials[0].id, "completed")
+
+    def no_ray(*args, **kwargs):
+        pytest.fail("run_sweep started Ray with nothing to run")
+
+    monkeypatch.setattr(driver, "init_ray", no_ray)
     info = run_sweep(store, sweep.id, runner_id=RUNNER)
     assert info.status == "completed" and info.progress == 1.0
 
@@ -462,9 +496,15 @@ def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_loc
                     continue
                 epochs, values = store.trial_history(t.id, m)
                 stored = values[list(epochs).index(rec["epoch"])]
-                assert np.array_equal(stored, rec[m], equal_nan=True), (m, rec["epoch"])
+                assert np.array_equal(bits(stored), bits(rec[m])), (m, rec["epoch"])
         assert fitted[0]["epoch"] == 0  # the record that carries the input Gram
-        assert np.array_equal(store.input_gram(t.id), fitted[0]["input_gram"])
+        assert np.array_equal(bits(store.input_gram(t.id)), bits(fitted[0]["input_gram"]))
+
+
+def bits(x) -> np.ndarray:
+    """float64 values as their bit patterns: equal only when bit for bit equal (NaN payloads,
+    the sign of zero)."""
+    return np.ascontiguousarray(x, "<f8").view("<u8")
 
 
 @pytest.mark.ray
@@ -509,10 +549,14 @@ def test_cancel_stops_running_trials_and_keeps_what_was_stored(sqlite_url, ray_l
         assert np.array_equal(after.loc[before.index].to_numpy(), before.to_numpy(), equal_nan=True)
 
 
+BIG_BATCH = 4096  # more than the digits training set holds
+
+
 @pytest.fixture(scope="module")
 def mixed_sweep(tmp_path_factory, ray_local):
-    """One sweep of four trials: a healthy one, a diverging one (lr 1e6), and two whose dataset
-    (mnist, with an empty data dir) raises DataUnavailable on every attempt."""
+    """One sweep of four trials: a healthy one, a diverging one (lr 1e6), and two whose batch
+    (4096) exceeds the digits training set: fit() raises InvalidInput, which no retry cures,
+    although max_failures allows two."""
     root = tmp_path_factory.mktemp("mixed")
     settings = Settings(database_url=f"sqlite:///{root / 'db.sqlite'}", data_dir=root / "empty")
     store = Store(settings.database_url, settings=settings)
@@ -520,19 +564,19 @@ def mixed_sweep(tmp_path_factory, ray_local):
         "name": "mixed",
         "parameters": {
             "lr": [0.01, 1e6],
-            "dataset": ["digits", "mnist"],
+            "dataset": "digits",
+            "batch_size": [32, BIG_BATCH],
             "depth": 3,
             "width": 16,
-            "batch_size": 32,
             "norm": "none",
             "init_gain": 2.0,
             "epochs": 3,
         },
         "seeds": 1,
-        "max_failures": 1,
+        "max_failures": 2,
     }
     info = run_spec(store, spec)
-    trials = {(t.config["lr"], t.config["dataset"]): t for t in store.list_trials(info.id)[0]}
+    trials = {(t.config["lr"], t.config["batch_size"]): t for t in store.list_trials(info.id)[0]}
     yield store, info, trials
     store.close()
 
@@ -541,31 +585,62 @@ def mixed_sweep(tmp_path_factory, ray_local):
 @pytest.mark.slow
 def test_diverged_trial_is_marked_with_its_epoch_and_nothing_after(mixed_sweep):
     store, _, trials = mixed_sweep
-    t = trials[(1e6, "digits")]
+    t = trials[(1e6, 32)]
     assert t.status == "diverged" and t.attempts == 1
     assert t.diverged_epoch == 1 and t.last_epoch == 1  # no record after the divergence
     epochs, loss = store.trial_history(t.id, "train_loss")
     assert epochs.tolist() == [0, 1]
     assert math.isfinite(loss[0]) and not math.isfinite(loss[1])
-    healthy = trials[(0.01, "digits")]
+    healthy = trials[(0.01, 32)]
     assert healthy.status == "completed" and healthy.last_epoch == 3
 
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_failing_trial_is_retried_then_failed_with_its_error(mixed_sweep):
-    store, info, trials = mixed_sweep
+def test_a_deterministic_failure_is_not_retried_and_its_message_is_whole(mixed_sweep):
+    from workers.train import fit
+
+    _, info, trials = mixed_sweep
+    with pytest.raises(InvalidInput) as raised:  # the same error, raised here
+        next(fit({**trials[(0.01, BIG_BATCH)].config, "epochs": 0}))
+    reason = f"InvalidInput: {raised.value}"
+    assert reason.startswith(f"InvalidInput: batch_size: {BIG_BATCH} exceeds the ")
+    failed = set()
     for lr in (0.01, 1e6):
-        t = trials[(lr, "mnist")]
+        t = trials[(lr, BIG_BATCH)]
         assert t.status == "failed"
-        assert t.attempts == 2  # the first run and max_failures = 1 retry
-        assert t.error.startswith("DataUnavailable: dataset 'mnist' is not available in ")
-        assert str(store.settings.data_dir.resolve()) in t.error
+        assert t.attempts == 1  # not retried, though max_failures = 2
+        assert t.error.split("\n\n", 1)[0] == reason  # the whole message, then the traceback
+        assert "Traceback" in t.error and "workers/train.py" in t.error
         assert t.last_epoch is None
-    assert info.status == "failed" and info.error == "2 of 4 trials failed"
+        failed.add(t.id)
+    assert info.status == "failed" and info.error.startswith("2 of 4 trials failed; the first, ")
+    assert info.error in {f"2 of 4 trials failed; the first, trial {i}: {reason}" for i in failed}
     assert info.counts == {
         "queued": 0, "running": 0, "completed": 1, "diverged": 1, "failed": 2, "cancelled": 0
     }  # fmt: skip
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_crash_that_is_not_deterministic_is_retried(sqlite_url, ray_local, monkeypatch, tmp_path):
+    crashed = tmp_path / "crashed"  # on the driver's disk, which the local workers share
+
+    def crash_once(config):  # pickled by value into the trial's worker
+        from workers.trainable import run_trial
+
+        if not crashed.exists():
+            crashed.touch()
+            raise RuntimeError("a worker lost mid-trial")
+        run_trial(config)
+
+    monkeypatch.setattr(driver, "run_trial", crash_once)
+    with Store(sqlite_url) as store:
+        spec = {"name": "flaky", "parameters": {"depth": 2, "epochs": 1, **TINY}, "seeds": 1}
+        info = run_spec(store, {**spec, "max_failures": 1})
+        assert crashed.exists() and info.status == "completed" and info.error is None
+        (t,), _ = store.list_trials(info.id)
+        assert (t.status, t.attempts, t.last_epoch, t.error) == ("completed", 2, 1, None)
 
 
 @pytest.mark.ray

@@ -284,3 +284,68 @@ def test_spectra_are_the_descending_eigenvalues_of_every_gram():
     # a wide Gram (n > d) has n − d exact zero eigenvalues
     lam = metrics.spectra(torch.randn(1, 9, 4, dtype=F64), 9)[0]
     assert (lam[4:] == 0).all() and (lam[:4] > 0).all()
+
+
+# --- the factorizations: LU for square M, a bordered LU for centred square H -----------------
+
+
+def centred_with_spectrum(n: int, s: np.ndarray, seed: int = 0) -> torch.Tensor:
+    """A square H (n, n) with 1ᵀH = 0 whose QᵀH (Q the basis of 1⊥) has singular values s."""
+    g = torch.Generator().manual_seed(seed)
+    U, _ = torch.linalg.qr(torch.randn(n - 1, n - 1, generator=g, dtype=F64))
+    V, _ = torch.linalg.qr(torch.randn(n, n - 1, generator=g, dtype=F64))
+    Q = torch.from_numpy(centred_basis(n))
+    return Q @ (U * torch.from_numpy(s)) @ V.T
+
+
+@pytest.mark.parametrize(("n", "decades"), [(8, 2), (64, 6), (128, 9)])
+def test_bordered_lu_range_gap_of_a_centred_square_matrix(monkeypatch, n, decades):
+    """Structure (True, n − 1) at n = d goes through one LU of H + 1wᵀ: its range gap is the
+    gap of the prescribed σ² on 1⊥ (λ_min/λ_max down to 1e-18), and the same as the route it
+    falls back to (projection onto 1⊥, then QR) when every Gram is routed there."""
+    s = np.logspace(0, -decades, n - 1)
+    H = torch.stack([centred_with_spectrum(n, s, seed) for seed in range(3)])
+    want = gap_from_eigenvalues(s**2)
+    got = metrics.range_gaps(H, n - 1, ones_in_null=True)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-9)
+    calls = []
+    real = torch.geqrf
+    monkeypatch.setattr(torch, "geqrf", lambda A: calls.append(len(A)) or real(A))
+    monkeypatch.setattr(metrics, "KAPPA_MAX", 0.0)  # everything falls back
+    fallback = metrics.range_gaps(H, n - 1, ones_in_null=True)
+    assert calls == [3]
+    np.testing.assert_allclose(fallback.numpy(), want, rtol=1e-9)
+
+
+def test_lambda_min_estimates_bound_lambda_min():
+    """λ̂_min ≥ λ_min from either route (one inverse-iteration step: ‖G⁻¹v‖ ≤ 1/λ_min; QR also
+    min R_ii² ≥ σ_min(R)²), so κ̂ ≤ κ and a Gram is never kept on the factor's route because
+    κ was overestimated; and κ̂ ≥ κ/1e5 here (the undershoot KAPPA_MAX allows for)."""
+    g = torch.Generator().manual_seed(0)
+    m = 64
+    U, _ = torch.linalg.qr(torch.randn(20, m, m, generator=g, dtype=F64))
+    V, _ = torch.linalg.qr(torch.randn(20, m, m, generator=g, dtype=F64))
+    s = torch.logspace(0, -7, m, dtype=F64)
+    M = (U * s) @ V.mT
+    lam = s[-1] ** 2
+    for est in (metrics._qr_log_det(M)[1], metrics._lu_log_det(M)[1]):
+        assert bool((est >= lam * (1 - 1e-9)).all())
+        assert bool((est <= lam * 1e5).all())
+
+
+def test_non_finite_rows_are_not_read_as_zero_rows():
+    """A NaN row of H is not a zero row (max |h| is NaN, not 0): it is kept, and the gaps are
+    NaN — not the finite gap of H without it, nor a crash on an empty trimmed matrix (a
+    diverged network's taps are NaN throughout)."""
+    H = torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(0), dtype=F64)
+    H[0, 2] = math.nan
+    H[1] = math.nan
+    gap, rng = metrics._tap_gaps(H, [Structure(False, 6)] * 2)
+    assert torch.isnan(gap).all() and torch.isnan(rng).all()
+    rows, cols = metrics._supports(H)
+    assert bool(rows.all()) and bool(cols.all())
+    # the singular-value route (rank below the smaller side) reads NaN, +∞ and −∞ alike
+    M = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(1), dtype=F64)
+    M[1, 0, 0], M[2, 1, 1], M[3, 2, 2] = math.nan, math.inf, -math.inf
+    r = metrics.range_gaps(M, 4)
+    assert math.isfinite(r[0]) and torch.isnan(r[1:]).all()

@@ -8,6 +8,8 @@ import pytest
 import torch
 from scipy.special import digamma
 
+from service.errors import InvalidInput
+from service.isometry import cosine_gram
 from workers import metrics, nn
 
 F64 = torch.float64
@@ -150,11 +152,22 @@ def test_centering_layernorm_at_n_equals_d_is_singular(n):
         assert metrics.isometry_gap(*ln) == math.inf
 
 
+@pytest.mark.parametrize("norm", ["batch_scale", "layer_scale"])
 @pytest.mark.parametrize("n", [8, 100])
-def test_scale_only_batchnorm_keeps_rank(n):
-    """Without centering nothing forces singularity: the scale-only variants read finite."""
-    for _, sn, _ in _network_taps(n, "norm_act", norm="batch_scale", act="tanh")[:1]:
-        assert math.isfinite(metrics.isometry_gap(*sn))
+def test_scale_only_norms_keep_rank(n, norm):
+    """Without centering nothing forces singularity: in every block of either scale-only
+    variant the Linear, norm and activation outputs keep full rank n = d and read finite. Rank
+    above float32 rounding: a centered H (1 in a null space) has σ_min/σ_max ≲ 1e-8 here, the
+    uncentered ones ≳ 1e-5."""
+    rtol = 10 * torch.finfo(torch.float32).eps
+    taps = _network_taps(n, "norm_act", norm=norm, act="tanh")
+    assert len(taps) == 3
+    for ell, block in enumerate(taps, 1):
+        for stage, (H, forced) in zip(("linear", "norm", "act"), block, strict=True):
+            where = f"{norm} block {ell} {stage}"
+            assert not forced.ones_in_null and forced.rank == n, where
+            assert torch.linalg.matrix_rank(H.double(), rtol=rtol).item() == n, where
+            assert math.isfinite(metrics.isometry_gap(H, forced)), where
 
 
 # --- normalization raises isometry (Joudaki et al. 2023, Theorem 4.1) ---------------------------
@@ -243,17 +256,36 @@ def test_batched_equals_one_by_one_and_chunking(monkeypatch):
     torch.testing.assert_close(metrics.isometry_gaps(H), one, rtol=1e-12, atol=0)
 
 
-def test_one_qr_call_per_structure_and_shape(monkeypatch):
-    """Depth 40, scale-only BN, tanh: 3·40 representations of one structure → one batched QR;
-    the weights in their three equal-shape groups (W_1, W_2..W_40, W_head) → three."""
+def count_factorizations(monkeypatch, calls: list) -> None:
+    """Record the shape of every batched LU (square M) and QR (Mᵀ) the metrics run."""
+    lu, qr = torch.linalg.lu_factor_ex, torch.geqrf
+    monkeypatch.setattr(torch.linalg, "lu_factor_ex", lambda A: calls.append(A.mT.shape) or lu(A))
+    monkeypatch.setattr(torch, "geqrf", lambda A: calls.append(A.mT.shape) or qr(A))
+
+
+def test_one_factorization_call_per_structure_and_shape(monkeypatch):
+    """Depth 40, scale-only BN, tanh: 3·40 square representations of one structure → one
+    batched LU; the weights in their three equal-shape groups (W_1 32 × 48 on its smaller
+    side, W_2..W_40, W_head 32 × 32) → one QR and two LUs."""
     calls = []
-    real = torch.geqrf
-    monkeypatch.setattr(torch, "geqrf", lambda A: calls.append(tuple(A.shape)) or real(A))
-    spec = nn.Spec(40, 32, 32, 32, "batch_scale", "norm_act", False, "tanh", (1.0,) * 40)
+    count_factorizations(monkeypatch, calls)
+    spec = nn.Spec(40, 48, 32, 32, "batch_scale", "norm_act", False, "tanh", (1.0,) * 40)
     params = nn.init_params(spec, "gaussian", 1.0, torch.Generator().manual_seed(0))
-    x, y = randn(32, 32), torch.arange(32) % 32
+    x, y = randn(32, 48), torch.arange(32) % 32
     metrics.probe_metrics(spec, params, nn.init_state(spec), x, y)
-    assert calls == [(3 * 40, 32, 32), (1, 32, 32), (39, 32, 32), (1, 32, 32)]
+    assert calls == [(3 * 40, 32, 32), (1, 32, 48), (39, 32, 32), (1, 32, 32)]
+
+
+def test_cpu_batches_are_cache_sized_and_give_the_same_gaps(monkeypatch):
+    """On the CPU one batched call takes CPU_CHUNK_ENTRIES entries (16 matrices of 128 × 128):
+    the gaps are those of one unchunked call, to rounding."""
+    calls = []
+    count_factorizations(monkeypatch, calls)
+    H = randn(40, 128, 128)
+    chunked = metrics.isometry_gaps(H)
+    assert [c[0] for c in calls] == [16, 16, 8]
+    monkeypatch.setattr(metrics, "CPU_CHUNK_ENTRIES", metrics.MAX_GRAM_ENTRIES)
+    torch.testing.assert_close(metrics.isometry_gaps(H), chunked, rtol=1e-13, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -262,21 +294,20 @@ def test_one_qr_call_per_structure_and_shape(monkeypatch):
 def test_identical_taps_share_one_gram(monkeypatch, norm, order):
     """σ = identity with α = 1 returns its input itself: per block the activation output is the
     norm output (norm_act) or the Linear output (act_norm). Of the 3L representation Grams, L are
-    duplicates, so QR gets 2L of them, plus the L + 1 weights (all 32 × 32): 3L + 1 rather than
+    duplicates, so LU gets 2L of them, plus the L + 1 weights (all 32 × 32): 3L + 1 rather than
     4L + 1; and the gaps are the ones measured without the deduplication."""
     L = 6
     spec = nn.Spec(L, 32, 32, 32, norm, order, False, "identity", (1.0,) * L)
     params = nn.init_params(spec, "orthogonal", 1.0, torch.Generator().manual_seed(0))
     x, y = randn(32, 32), torch.arange(32) % 32
-    grams = []
-    real = torch.geqrf
-    monkeypatch.setattr(torch, "geqrf", lambda A: grams.append(len(A)) or real(A))
+    calls = []
+    count_factorizations(monkeypatch, calls)
     deduped = metrics.probe_metrics(spec, params, nn.init_state(spec), x, y)
-    assert sum(grams) == 3 * L + 1
-    grams.clear()
+    assert sum(c[0] for c in calls) == 3 * L + 1
+    calls.clear()
     monkeypatch.setattr(metrics, "_unique", lambda ts: (ts, list(range(len(ts)))))
     full = metrics.probe_metrics(spec, params, nn.init_state(spec), x, y)
-    assert sum(grams) == 4 * L + 1
+    assert sum(c[0] for c in calls) == 4 * L + 1
     assert deduped.keys() == full.keys()
     for k, v in full.items():
         np.testing.assert_allclose(deduped[k], v, rtol=1e-12, atol=0, err_msg=k)
@@ -294,7 +325,12 @@ def test_frobenius_norms():
 
 
 def test_cosine_gram_has_unit_diagonal_and_cosines():
-    x = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, -2.0]])
-    C = metrics.cosine_gram(x)
+    x = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, -2.0]])
+    C = cosine_gram(x)
     r = 1 / math.sqrt(2)
     np.testing.assert_allclose(C, [[1, r, 0], [r, 1, -r], [0, -r, 1]], atol=1e-15)
+    with pytest.raises(InvalidInput):
+        cosine_gram(np.vstack([x, np.zeros(2)]))
+    with_zero = cosine_gram(np.vstack([x, np.zeros(2)]), zero="nan")  # what the engine records
+    assert np.isnan(with_zero[3]).all() and np.isnan(with_zero[:, 3]).all()
+    np.testing.assert_array_equal(with_zero[:3, :3], C)

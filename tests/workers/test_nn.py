@@ -234,12 +234,18 @@ def test_orthogonal_init_is_haar():
     assert 0.45 < float((det > 0).double().mean()) < 0.55  # both components of O(3)
 
 
-def test_init_is_deterministic_and_device_independent_of_global_rng():
+@pytest.mark.parametrize("init", ["orthogonal", "gaussian"])
+def test_init_follows_its_generator_alone_not_the_global_rng(init):
     spec = nn.make_spec(TrialConfig(depth=3, width=8))
-    a = nn.init_params(spec, "orthogonal", 1.0, torch.Generator().manual_seed(5))
-    torch.manual_seed(123)  # the global RNG plays no part
-    b = nn.init_params(spec, "orthogonal", 1.0, torch.Generator().manual_seed(5))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    def draw(seed: int, global_seed: int):
+        torch.manual_seed(global_seed)  # the global RNG plays no part
+        return nn.init_params(spec, init, 1.0, torch.Generator().manual_seed(seed))
+
+    a, b, other = draw(5, 0), draw(5, 123), draw(6, 0)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["W1"], other["W1"])  # the generator's seed decides the draws
+    assert all(p.device.type == "cpu" for p in a.values())  # drawn on the CPU, for any device
 
 
 def test_unknown_init_names_field():

@@ -302,11 +302,30 @@ def test_diverged_record_test_metrics_use_the_statistics_before_the_diverging_ba
     trial = Trial(TrialConfig(**SMALL, epochs=2))
     trial.train_epoch()
     trial.data.X_train[0] = math.inf  # a subset's own copy, not the cached dataset
-    stats = trial.train_epoch()
+    before: list[tuple[dict, dict]] = []  # (params, running statistics) as each step began
+    forward = nn.forward
+
+    def spy(spec, p, s, x, mode, **kw):
+        if mode == "train":
+            before.append(({k: v.detach().clone() for k, v in p.items()}, copy.deepcopy(s)))
+        return forward(spec, p, s, x, mode, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nn, "forward", spy)
+        stats = trial.train_epoch()
     assert stats.diverged and not math.isfinite(stats.loss)
     record = trial.record(2, stats)
     assert record["diverged"] and math.isfinite(record["test_loss"])
     assert all(torch.isfinite(v).all() for v in trial.state.values())
+    # The test metrics are those of the network as it was before the diverging batch: its
+    # weights and the running statistics of the steps before, evaluated in one forward pass.
+    params, state = before[-1]  # the last forward in training was the diverging batch's
+    X, y = trial.data.X_test, trial.data.y_test
+    with torch.no_grad():
+        logits, _ = nn.forward(trial.spec, params, state, X, "running")
+    want_loss = torch.nn.functional.cross_entropy(logits.double(), y).item()
+    assert record["test_loss"] == pytest.approx(want_loss, rel=1e-5)
+    assert record["test_acc"] == (logits.argmax(dim=1) == y).double().mean().item()
 
 
 def test_epoch_zero_test_metrics_use_batch_statistics():
@@ -412,11 +431,97 @@ def test_float64_orthogonal_init_is_orthogonal_to_float64_rounding():
     assert (W32.double() @ W32.double().T - eye).abs().max() > 1e-9  # float32 rounding
 
 
-def test_unit_rms_inputs_reach_the_first_layer():
-    t = Trial(TrialConfig(**SMALL, input_norm="unit_rms", epochs=0))
-    plain = Trial(TrialConfig(**SMALL, epochs=0))
+def first_layer_inputs(trial: Trial, monkeypatch) -> torch.Tensor:
+    """Every row block 1's Linear receives in one training epoch and its record (test metrics,
+    probe metrics), stacked."""
+    seen: list[torch.Tensor] = []
+    linear = nn.linear
+
+    def tapped(p, name, x):
+        if name == "1":
+            seen.append(x.detach().double().clone())
+        return linear(p, name, x)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(nn, "linear", tapped)
+        trial.record(1, trial.train_epoch())
+    return torch.cat(seen)
+
+
+def test_unit_rms_inputs_reach_the_first_layer(monkeypatch):
+    t = Trial(TrialConfig(**SMALL, input_norm="unit_rms", epochs=1))
+    plain = Trial(TrialConfig(**SMALL, epochs=1))
     for X in (t.data.X_train, t.data.X_test, t.probe[0]):
         np.testing.assert_allclose(X.double().pow(2).mean(dim=1).numpy(), 1.0, rtol=1e-6)
     x, x0 = t.probe[0].double(), plain.probe[0].double()  # the same samples, rescaled
     scale = x0.pow(2).mean(dim=1, keepdim=True).sqrt()
     np.testing.assert_allclose(x.numpy(), (x0 / scale).numpy(), rtol=1e-6, atol=1e-7)
+    # What the first Linear is given, in training, test evaluation and the probe's metrics
+    seen = first_layer_inputs(t, monkeypatch)
+    n = len(t.data.X_test) + len(t.probe[0])  # at least every test and probe sample once
+    assert len(seen) >= n + (len(t.data.X_train) // 32) * 32
+    np.testing.assert_allclose(seen.pow(2).mean(dim=1).numpy(), 1.0, rtol=1e-6)
+    raw = first_layer_inputs(plain, monkeypatch).pow(2).mean(dim=1)  # contrast: not unit RMS
+    assert raw.min() < 0.5 and raw.max() > 2.0
+
+
+# --- epoch 0's training-set pass on a bounded subset (TrialConfig.epoch0_train_samples) --------
+
+
+def test_default_epoch0_bound_leaves_digits_and_gaussian_whole():
+    """The default bound (5000) exceeds digits' 1437 and gaussian's 4000 training samples: their
+    records are bit-identical to measuring the whole set (None)."""
+    for dataset in ("digits", "gaussian"):
+        kw = dict(depth=3, width=32, batch_size=100, dataset=dataset, epochs=1)
+        assert TrialConfig(**kw).epoch0_train_samples == 5000
+        assert_records_equal(records(**kw), records(**kw, epoch0_train_samples=None))
+
+
+def per_sample_losses(trial):
+    """Cross-entropy and correctness of every training sample, one forward (no norm: a
+    sample's output does not depend on its batch-mates)."""
+    with torch.no_grad():
+        logits, _ = nn.forward(trial.spec, trial.params, trial.state, trial.data.X_train, "batch")
+    y = trial.data.y_train
+    loss = torch.nn.functional.cross_entropy(logits.double(), y, reduction="none")
+    return loss, (logits.argmax(dim=1) == y).double()
+
+
+def test_epoch0_stats_are_the_mean_over_a_seeded_subset_and_nothing_else_moves():
+    base = dict(SMALL, max_train_samples=1000, norm="none", epochs=1)
+    whole = Trial(TrialConfig(**base, epoch0_train_samples=None))
+    part = Trial(TrialConfig(**base, epoch0_train_samples=300))
+    rows = torch.randperm(1000, generator=generator(0, "epoch0"))[:300]
+    assert torch.equal(part.epoch0_rows, rows) and whole.epoch0_rows is None
+    loss, correct = per_sample_losses(part)
+    stats = part.initial_stats()
+    assert stats.loss == pytest.approx(float(loss[rows].mean()), rel=1e-5)
+    assert stats.acc == float(correct[rows].mean())
+    assert whole.initial_stats().loss == pytest.approx(float(loss.mean()), rel=1e-5)
+    # the probe batch, the parameters and the training are those of the unbounded trial
+    a = records(**base, epoch0_train_samples=None)
+    b = records(**base, epoch0_train_samples=300)
+    assert a[0]["train_loss"] != b[0]["train_loss"]  # the subset is a real subset
+    for r in (a[0], b[0]):  # epoch 0's training-set stats are what differs, by design
+        del r["train_loss"], r["train_acc"]
+    assert_records_equal(a, b)
+
+
+def test_epoch0_pass_forwards_only_the_bounded_subset(monkeypatch):
+    """What bounds the cost: epoch 0's training-set pass forwards k samples, not N (gaussian:
+    N = 4000), in whole minibatches with batch norm; and never fewer than one minibatch."""
+    seen = []
+    forward = nn.forward
+
+    def counting(spec, params, state, x, mode):
+        seen.append(len(x))
+        return forward(spec, params, state, x, mode)
+
+    kw = dict(depth=3, width=32, batch_size=100, dataset="gaussian", epochs=0)
+    trial = Trial(TrialConfig(**kw, epoch0_train_samples=500))
+    monkeypatch.setattr(nn, "forward", counting)
+    trial.initial_stats()
+    assert seen == [100] * 5
+    seen.clear()
+    Trial(TrialConfig(**kw, epoch0_train_samples=30)).initial_stats()
+    assert seen == [100]  # raised to batch_size
