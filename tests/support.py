@@ -32,3 +32,20 @@ def isosweep_command() -> list[str]:
     if exe.is_file() and os.access(exe, os.X_OK):
         return [str(exe)]
     return [sys.executable, "-m", "api.cli.main"]
+
+
+def session_pids(sid: int) -> list[int]:
+    """Live (non-zombie) processes of a session: a runner started with start_new_session and
+    everything it spawned, Ray's GCS, raylet and workers included."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
+        if int(session) == sid and state != "Z":
+            found.append(int(name))
+    return found

@@ -231,7 +231,8 @@ def test_finish_rule(store):
     store.finish_trial(tb[1].id, "failed", error="boom")
     assert store.finish_sweep(ok.id).status == "completed"
     failed = store.finish_sweep(bad.id)
-    assert failed.status == "failed" and failed.error == "1 of 2 trials failed"
+    assert failed.status == "failed"
+    assert failed.error == f"1 of 2 trials failed; the first, trial {tb[1].id}: boom"
     assert store.get_trial(tb[1].id).error == "boom"
     assert store.finish_sweep(bad.id).status == "failed"  # idempotent
 

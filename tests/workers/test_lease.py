@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from expected_rows import expected_keys, row_keys
-from support import TINY
+from support import TINY, session_pids
 
 from service.spec import parse_spec
 from service.store import Store
@@ -79,22 +79,6 @@ RUNNER = textwrap.dedent(
     runner.run_forever()
     """
 )
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live processes of the session a runner leads (start_new_session): Ray's included."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        state, _ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
-        if int(session) == sid and state != "Z":
-            found.append(int(name))
-    return found
 
 
 def start(url: str, name: str, tmp_path: Path) -> subprocess.Popen:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from expected_rows import expected_keys, row_keys
-from support import TINY, isosweep_command
+from support import TINY, isosweep_command, session_pids
 
 from service.spec import parse_spec
 from service.store import Store
@@ -186,23 +186,6 @@ def test_a_stopped_runner_releases_the_sweep_to_the_next_one(sqlite_url, ray_loc
 
 
 # --- a runner killed outright ------------------------------------------------------------------
-
-
-def session_pids(sid: int) -> list[int]:
-    """Live (non-zombie) processes of a session: a runner started with start_new_session and
-    everything it spawned, Ray's GCS, raylet and workers included."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        state, _ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
-        if int(session) == sid and state != "Z":
-            found.append(int(name))
-    return found
 
 
 def kill_session(proc: subprocess.Popen) -> None:

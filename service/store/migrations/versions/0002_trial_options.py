@@ -14,6 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from service.store.migrations.fill import fill_config_keys
+
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
@@ -46,35 +48,13 @@ DEFAULTS = {
     "spectra": False,
     "jacobian_samples": 0,
 }
-BATCH = 500
 
 
 def upgrade() -> None:
     with op.batch_alter_table("trials") as batch:
         for column in _columns():
             batch.add_column(column)
-    _fill_configs()
-
-
-def _fill_configs() -> None:
-    """Add the new keys, at their defaults, to every stored config that lacks them."""
-    trials = sa.table("trials", sa.column("id", sa.Integer), sa.column("config", sa.JSON))
-    conn = op.get_bind()
-    last = 0
-    while True:
-        rows = conn.execute(
-            sa.select(trials.c.id, trials.c.config)
-            .where(trials.c.id > last)
-            .order_by(trials.c.id)
-            .limit(BATCH)
-        ).all()
-        if not rows:
-            return
-        for trial_id, config in rows:
-            if any(k not in config for k in DEFAULTS):
-                filled = {**DEFAULTS, **config}
-                conn.execute(sa.update(trials).where(trials.c.id == trial_id).values(config=filled))
-        last = rows[-1][0]
+    fill_config_keys(DEFAULTS)
 
 
 def downgrade() -> None:
