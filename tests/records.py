@@ -38,3 +38,9 @@ def unit_gram(n: int, seed: int) -> np.ndarray:
     G = X @ X.T
     d = np.sqrt(np.diag(G))
     return G / np.outer(d, d)
+
+
+def bits(a) -> np.ndarray:
+    """The IEEE-754 bit patterns of float64 values (little-endian): equal bits, not equal values,
+    so NaN payloads and −0.0 count."""
+    return np.ascontiguousarray(a, dtype="<f8").view("<u8")

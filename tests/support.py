@@ -49,3 +49,41 @@ def session_pids(sid: int) -> list[int]:
         if int(session) == sid and state != "Z":
             found.append(int(name))
     return found
+
+
+def store_trial_at_revision(database_url: str, revision: str, config: dict) -> None:
+    """Migrate an empty database to `revision` and store one completed trial (id 1, sweep 1) whose
+    config columns and stored config are `config`: a row as a server at that revision wrote it,
+    for tests of the migrations after it."""
+    import json
+
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import create_engine, text
+
+    from service.store.engine import MIGRATIONS
+
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(MIGRATIONS))
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        conn.execute(
+            text(
+                "INSERT INTO sweeps (id, name, tags, spec, status, priority, cancel_requested,"
+                " created_at) VALUES (1, 's', '[]', '{}', 'completed', 0, false, :now)"
+            ),
+            {"now": "2025-01-01 00:00:00"},
+        )
+        columns = ", ".join(f'"{k}"' for k in config)
+        values = ", ".join(f":{k}" for k in config)
+        conn.execute(
+            text(
+                'INSERT INTO trials (id, sweep_id, "index", config, config_hash, status, attempts,'
+                f" epochs_done, epochs_total, {columns}) VALUES (1, 1, 0, :config, 'h',"
+                f" 'completed', 1, 0, 11, {values})"
+            ),
+            {**config, "config": json.dumps(config)},
+        )
+    engine.dispose()

@@ -4,6 +4,7 @@ the trial options and their validation, Adam's momentum normalized away."""
 import math
 
 import pytest
+from support import store_trial_at_revision
 
 from service.config import (
     CONFIG_FIELDS,
@@ -141,38 +142,10 @@ def test_float64_doubles_the_network_part_of_the_memory_estimate():
 def test_migration_0002_keeps_trials_written_before_it_valid(database_url):
     """A database at revision 0001 with a trial in it: after upgrading, the trial's new columns
     and its stored config hold the fields' defaults, so filters and reads see what it ran."""
-    from alembic import command
-    from alembic.config import Config
-    from sqlalchemy import create_engine, text
-
     from service.store import Store
-    from service.store.engine import MIGRATIONS
 
     old = {k: v for k, v in TrialConfig(depth=2).to_dict().items() if k in CONFIG_FIELDS[:-9]}
-    engine = create_engine(database_url)
-    with engine.begin() as conn:
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "0001")
-        conn.execute(
-            text(
-                "INSERT INTO sweeps (id, name, tags, spec, status, priority, cancel_requested,"
-                " created_at) VALUES (1, 's', '[]', '{}', 'completed', 0, false, :now)"
-            ),
-            {"now": "2025-01-01 00:00:00"},
-        )
-        columns = ", ".join(f'"{k}"' for k in old)
-        values = ", ".join(f":{k}" for k in old)
-        conn.execute(
-            text(
-                'INSERT INTO trials (id, sweep_id, "index", config, config_hash, status, attempts,'
-                f" epochs_done, epochs_total, {columns}) VALUES (1, 1, 0, :config, 'h',"
-                f" 'completed', 1, 0, 11, {values})"
-            ),
-            {**old, "config": __import__("json").dumps(old)},
-        )
-    engine.dispose()
+    store_trial_at_revision(database_url, "0001", old)
     with Store(database_url) as store:
         trial = store.get_trial(1)
         assert trial.config == {**TrialConfig(depth=2).to_dict(), "epoch0_train_samples": None}

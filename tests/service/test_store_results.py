@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from records import record
+from records import bits, record
 from sqlalchemy import func, select
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
@@ -31,10 +31,6 @@ SPECIALS = np.array(
     ]
 )
 DEPTH = len(SPECIALS)
-
-
-def bits(a):
-    return np.asarray(a, dtype="<f8").view("<u8")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from records import record
+from records import bits, record
 from sqlalchemy import func, select
 
 from service.config import METRICS, SPECTRUM_KEYS
@@ -18,10 +18,6 @@ from service.store.models import SqlMetric, SqlSpectrum
 
 DEPTH, N, K, M = 3, 4, 2, 5
 WEIRD = [math.nan, math.inf, -math.inf, -0.0, 5e-324]
-
-
-def bits(a):
-    return np.asarray(a, dtype="<f8").view("<u8")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from expected_rows import expected_keys, row_keys
-from records import record, value_of
+from records import bits, record, value_of
 from support import TINY
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
@@ -499,12 +499,6 @@ def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_loc
                 assert np.array_equal(bits(stored), bits(rec[m])), (m, rec["epoch"])
         assert fitted[0]["epoch"] == 0  # the record that carries the input Gram
         assert np.array_equal(bits(store.input_gram(t.id)), bits(fitted[0]["input_gram"]))
-
-
-def bits(x) -> np.ndarray:
-    """float64 values as their bit patterns: equal only when bit for bit equal (NaN payloads,
-    the sign of zero)."""
-    return np.ascontiguousarray(x, "<f8").view("<u8")
 
 
 @pytest.mark.ray
