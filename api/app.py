@@ -40,7 +40,7 @@ from api.routes import api_router
 from api.routes.health import SupervisedRunner
 from api.schemas import NonFiniteJSONResponse
 from api.spec_body import spec_components
-from service import __version__
+from service import __version__, models
 from service.settings import Settings, get_settings
 from service.store import Store
 
@@ -61,6 +61,7 @@ def create_app(
     runner beside the API (`isosweep serve`: api.cli.supervise.RunnerSupervisor, whose
     `status()` healthz reports), or None when no runner is supervised here."""
     settings = settings or get_settings()
+    models.load_registered()  # a misconfigured ISOSWEEP_MODEL_MODULES fails here, at start
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -31,6 +31,7 @@ from service.errors import (
     NotFound,
     StorageError,
     Unauthorized,
+    pydantic_hint,
 )
 from service.spec import MAX_ERRORS  # the same cap on the spec's own messages
 
@@ -151,6 +152,7 @@ def validation_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
     for e in errors[:MAX_ERRORS]:
         field = _field_name(e.get("loc", ()))
         msg = "required" if e.get("type") == "missing" else str(e.get("msg", "invalid"))
+        msg += pydantic_hint(e)
         parts.append(f"{field}: {msg}" if field else msg)
         fields.append(field)
     if len(errors) > MAX_ERRORS:

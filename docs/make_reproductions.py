@@ -1,13 +1,16 @@
-"""Run the papers' experiments (examples/meterez-*.yaml, examples/joudaki-*.yaml) with the real
-runner, draw docs/img/repro/*.png from the store, and print the numbers docs/reproductions.md
-quotes, as markdown tables.
+"""Run the papers' experiments (the specs of EXPERIMENTS, examples/*.yaml) with the real runner,
+draw docs/img/repro/*.png from the store, and print the numbers docs/reproductions.md quotes, as
+markdown tables.
 
-    .venv/bin/python docs/make_reproductions.py [--db PATH] [--only NAME] [--skip-run]
+    .venv/bin/python docs/make_reproductions.py [--db PATH] [--only NAME [NAME …]] [--skip-run]
 
 Each sweep runs through `isosweep run SPEC --database-url sqlite:///PATH` (local Ray), into one
 SQLite file (default build/repro/repro.db, not committed). A sweep already completed in that file
 with the same spec is not run again; `--skip-run` only draws and prints from what is stored.
-The figures come from service.plots.stored.make_plot, as the API and the dashboard draw them.
+The figures come from service.plots.stored.make_plot, as the API and the dashboard draw them;
+the few that no plot kind draws (a stream's mean square against the ℓ + const line, 1 − cosine on
+a log axis) are drawn here with matplotlib from the same tidy frame (`Store.read_metrics`), and
+their titles say so.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from service.plots import draw as plot_draw  # noqa: E402
 from service.plots import render  # noqa: E402
 from service.plots.stored import line_prediction, make_plot  # noqa: E402
 from service.spec import load_spec  # noqa: E402
@@ -43,12 +47,15 @@ log = logging.getLogger("repro")
 class Figure:
     """One PNG: the file name under docs/img/repro/ and make_plot's arguments. `epochs` keeps
     only those recorded epochs (make_plot cannot leave one out): the frame is read with them and
-    drawn by service.plots.render, the function make_plot ends in."""
+    drawn by service.plots.render, the function make_plot ends in. `custom` (kind "custom"):
+    a figure no plot kind draws, `custom(store, sweep_id, args) -> PNG bytes`, from the frame
+    `Store.read_metrics` reads with args["metric"] and args["where"]."""
 
     file: str
     kind: str
     args: dict[str, Any]
     epochs: list[int] | None = None
+    custom: Callable[[Store, int, dict[str, Any]], bytes] | None = None
 
 
 @dataclass
@@ -213,6 +220,192 @@ def training_numbers(store: Store, sid: int) -> None:
     show("training, mean over seeds", md_table(table.round(3)))
 
 
+# --- the model families' experiments -------------------------------------------------------------
+
+
+def seed_means(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Mean over seeds of `value` per (keys…, layer); +∞ stays +∞."""
+    return frame.groupby([*keys, "layer"])["value"].mean()
+
+
+def custom_figure(nrows: int = 1) -> tuple[Any, list[Any]]:
+    return plot_draw.new_figure(nrows, height=3.6 if nrows > 1 else 4.4)
+
+
+def desmith_stream(store: Store, sid: int, args: dict[str, Any]) -> bytes:
+    """rms² of the residual stream per block (mean over seeds, each seed a dot) beside De &
+    Smith's rms²_ℓ ≈ rms²_1 + c²·(ℓ − 1), one panel per residual_scale c."""
+    rms = store.read_metrics(sid, metrics=args["metric"], epoch=0, where=args["where"])
+    rms = rms.assign(value=rms["value"].astype(float) ** 2)
+    scales = sorted(rms["residual_scale"].unique(), reverse=True)
+    fig, axes = custom_figure(len(scales))
+    for ax, c in zip(axes, scales, strict=True):
+        part = rms[rms["residual_scale"] == c]
+        ell = np.sort(part["layer"].unique()).astype(float)
+        m = part.groupby("layer")["value"].mean().to_numpy(float)  # (L,)
+        ax.plot(part["layer"], part["value"], ".", color="0.6", ms=3, label="each seed")
+        ax.plot(ell, m, "-", color="C0", label="mean over seeds")
+        ax.plot(
+            ell,
+            m[0] + c**2 * (ell - 1),
+            "--",
+            color="C3",
+            label=f"De & Smith: rms²₁ + c²·(ℓ − 1), c = {c:g}",
+        )
+        ax.set_ylabel(plot_draw.wrap(f"rms² of the stream x_ℓ (residual_scale {c:g})", 30))
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("block ℓ")
+    fixed = ", ".join(f"{k} = {v}" for k, v in args["where"].items())
+    fig.suptitle("residual stream mean square per block, resmlp with a BatchNorm branch")
+    axes[0].set_title(
+        plot_draw.wrap(
+            f"drawn by docs/make_reproductions.py from the stored `rms` (squared) · {fixed} · "
+            f"epoch 0 · {part['seed'].nunique()} seeds",
+            110,
+        ),
+        fontsize=8,
+        loc="left",
+        color="0.3",
+    )
+    return plot_draw.to_bytes(fig, "png")
+
+
+def desmith_numbers(store: Store, sid: int) -> None:
+    rms = store.read_metrics(sid, metrics="rms", epoch=0)
+    rms = rms.assign(value=rms["value"].astype(float) ** 2)
+    g = store.read_metrics(sid, metrics="grad_norm", epoch=0, layers=[1])
+    rows = []
+    for (c, L), part in rms.groupby(["residual_scale", "depth"]):
+        m = part.groupby("layer")["value"].mean()
+        g0 = g[(g["residual_scale"] == c) & (g["depth"] == L)]["value"]
+        growth = (m.iloc[-1] - m.iloc[0]) / ((L - 1) * c**2)  # De & Smith: 1
+        rows.append(
+            {
+                "residual_scale": c,
+                "depth": L,
+                "rms² ℓ = 1 → L": f"{m.iloc[0]:.2f} → {m.iloc[-1]:.2f}",
+                "(rms²_L − rms²_1)/((L − 1)c²)": f"{growth:.3f}",
+                "grad_norm ℓ = 1 (seeds)": f"{g0.mean():.3g} ({', '.join(f'{v:.3g}' for v in g0)})",
+                "√(rms²_L/rms²_1)": f"{np.sqrt(m.iloc[-1] / m.iloc[0]):.2f}",
+            }
+        )
+    show(
+        "stream mean square and first-block gradient, mean over seeds",
+        md_table(pd.DataFrame(rows).set_index(["residual_scale", "depth"])),
+    )
+    mg = g.groupby(["residual_scale", "depth"])["value"].mean().unstack("depth")
+    ratios = mg.div(mg.shift(axis=1)).iloc[:, 1:].round(2)
+    show("grad_norm ℓ = 1: ratio between consecutive depths", md_table(ratios))
+
+
+def xiao_numbers(store: Store, sid: int) -> None:
+    gaps = store.read_metrics(sid, metrics="isometry_gap/act", epoch=0)
+    last = gaps[gaps["layer"] == gaps["depth"]]
+    cell = lambda v: f"{np.mean(v):.4f}"  # noqa: E731
+    show(
+        "isometry_gap/act at ℓ = L, mean over seeds",
+        md_table(pivot_cells(last, ["init", "activation"], "depth", cell)),
+    )
+    spread = gaps.groupby(["init", "activation", "depth", "seed"])["value"].agg(np.ptp)
+    spread = spread.groupby(["init", "activation", "depth"]).max().unstack("depth")
+    show(
+        "spread over one network's blocks (max − min), the larger of the seeds",
+        md_table(spread.map(lambda v: f"{v:.2g}")),
+    )
+    first = store.read_metrics(sid, metrics="isometry_gap/linear", epoch=0, layers=[1])
+    ortho = first[(first["init"] == "delta_orthogonal") & (first["activation"] == "identity")]
+    show(
+        "isometry_gap/linear at ℓ = 1, delta_orthogonal (= the input's gap), per seed",
+        md_table(ortho.groupby("seed")["value"].mean().map(lambda v: f"{v:.4f}")),
+    )
+    w = store.read_metrics(
+        sid, metrics="weight_isometry_gap", epoch=0, where={"init": "delta_orthogonal"}
+    )
+    inner = w[w["layer"] > 1]["value"]
+    show(
+        "weight_isometry_gap, delta_orthogonal, blocks 2..L",
+        f"max {inner.max():.2g}; block 1: {w[w['layer'] == 1]['value'].unique()}",
+    )
+
+
+def dong_one_minus_cosine(store: Store, sid: int, args: dict[str, Any]) -> bytes:
+    """1 − token_cosine per layer on a log axis, with and without skips (a collapsed sequence's
+    distance from rank one; 0 values are marked at the bottom)."""
+    cos = store.read_metrics(sid, metrics=args["metric"], epoch=0, where=args["where"])
+    fig, (ax,) = custom_figure()
+    for i, (skip, part) in enumerate(cos.groupby("skip")):
+        m = 1.0 - part.groupby("layer")["value"].mean()
+        ell, v = m.index.to_numpy(float), m.to_numpy(float)
+        ok = v > 0
+        ax.plot(ell[ok], v[ok], "o-", color=f"C{i}", label=f"skip = {str(skip).lower()}")
+        if (~ok).any():
+            ax.plot(ell[~ok], np.full((~ok).sum(), np.nan), "v", color=f"C{i}")
+            zero = ell[~ok]
+            ax.annotate(
+                f"1 − cos ≤ 0 (exact collapse) at ℓ ≥ {int(zero.min())}",
+                (zero.min(), 0),
+                xycoords=("data", "axes fraction"),
+                xytext=(0, 4),
+                textcoords="offset points",
+                fontsize=8,
+                color=f"C{i}",
+            )
+    ax.set_yscale("log")
+    ax.axhline(1e-14, color="0.5", lw=0.8, ls=":")
+    ax.annotate(
+        "below ~1e-14: float64 rounding of the cosine (tokens equal to float32 precision)",
+        (0.01, 1e-14),
+        xycoords=("axes fraction", "data"),
+        xytext=(0, 3),
+        textcoords="offset points",
+        fontsize=8,
+        color="0.4",
+    )
+    ax.set_xlabel("block ℓ")
+    ax.set_ylabel(
+        plot_draw.wrap(
+            "1 − token_cosine: 1 − mean cosine between a sample's tokens (0 = rank one)", 45
+        )
+    )
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fixed = ", ".join(f"{k} = {v}" for k, v in args["where"].items())
+    fig.suptitle("distance from rank collapse, attention-only transformer")
+    ax.set_title(
+        plot_draw.wrap(
+            f"drawn by docs/make_reproductions.py from the stored `token_cosine` · {fixed} · "
+            f"epoch 0 · mean over {cos['seed'].nunique()} seeds",
+            110,
+        ),
+        fontsize=8,
+        loc="left",
+        color="0.3",
+    )
+    return plot_draw.to_bytes(fig, "png")
+
+
+def dong_numbers(store: Store, sid: int) -> None:
+    t = store.read_metrics(sid, metrics=["token_cosine", "token_isometry_gap"], epoch=0)
+    deep = t[t["depth"] == t["depth"].max()]
+    for metric, fmt in (("token_cosine", "{:.4f}"), ("token_isometry_gap", "{:.3g}")):
+        part = deep[deep["metric"] == metric]
+        table = part.groupby(["skip", "layer"])["value"].mean().unstack("layer")
+        show(
+            f"{metric} per layer, depth {int(deep['depth'].max())}, mean over seeds",
+            md_table(table.map(fmt.format)),
+        )
+    cos = deep[deep["metric"] == "token_cosine"]
+    gap = 1.0 - cos.groupby(["skip", "layer"])["value"].mean().unstack("layer")
+    show("1 − token_cosine per layer (the log-axis figure)", md_table(gap.map("{:.2g}".format)))
+    last = t[t["layer"] == t["depth"]]
+    cells = last.groupby(["skip", "depth", "metric"])["value"].mean().unstack("metric")
+    table = cells.apply(
+        lambda r: f"{r['token_cosine']:.4f} / {r['token_isometry_gap']:.3g}", axis=1
+    ).unstack("depth")
+    show("token_cosine / token_isometry_gap at ℓ = L, mean over seeds", md_table(table))
+
+
 # --- the experiments ---------------------------------------------------------------------------
 
 EXPERIMENTS = [
@@ -321,6 +514,91 @@ EXPERIMENTS = [
         ],
         training_numbers,
     ),
+    Experiment(
+        "de-smith-residual-depth",
+        ROOT / "examples" / "de-smith-residual-depth.yaml",
+        [
+            Figure(
+                "desmith-stream-ms.png",
+                "custom",
+                dict(metric="rms", where={"depth": 64}),
+                custom=desmith_stream,
+            ),
+            Figure(
+                "desmith-rms-profile.png",
+                "layer_profile",
+                dict(metric="rms", group_by="residual_scale", where={"depth": 64}, band="std"),
+            ),
+            Figure(
+                "desmith-grad-depth.png",
+                "depth_scaling",
+                dict(metric="grad_norm", layer=1, group_by="residual_scale", band="std"),
+            ),
+        ],
+        desmith_numbers,
+    ),
+    Experiment(
+        "xiao-delta-orthogonal",
+        ROOT / "examples" / "xiao-delta-orthogonal.yaml",
+        [
+            *(
+                Figure(
+                    f"xiao-gap-depth-{act}.png",
+                    "depth_scaling",
+                    dict(
+                        metric="isometry_gap/act",
+                        group_by="init",
+                        where={"activation": act},
+                        xscale="log",
+                        yscale="linear",
+                        band="std",
+                    ),
+                )
+                for act in ("identity", "tanh")
+            ),
+            Figure(
+                "xiao-gap-profile.png",
+                "layer_profile",
+                dict(
+                    metric="isometry_gap/act",
+                    group_by="init",
+                    where={"depth": 32, "activation": "identity"},
+                    yscale="linear",
+                    band="std",
+                ),
+            ),
+        ],
+        xiao_numbers,
+    ),
+    Experiment(
+        "dong-rank-collapse",
+        ROOT / "examples" / "dong-rank-collapse.yaml",
+        [
+            Figure(
+                "dong-token-cosine.png",
+                "layer_profile",
+                dict(
+                    metric="token_cosine",
+                    group_by="skip",
+                    where={"depth": 12},
+                    yscale="linear",
+                    band="std",
+                ),
+            ),
+            Figure(
+                "dong-one-minus-cosine.png",
+                "custom",
+                dict(metric="token_cosine", where={"depth": 12}),
+                custom=dong_one_minus_cosine,
+            ),
+            Figure(
+                "dong-token-gap.png",
+                "layer_profile",
+                dict(metric="token_isometry_gap", group_by="skip", where={"depth": 12}, band="std"),
+            ),
+        ],
+        dong_numbers,
+    ),
 ]
 
 
@@ -356,6 +634,8 @@ def wall_time(info: Any) -> str:
 
 
 def figure_png(store: Store, sid: int, fig: Figure) -> bytes:
+    if fig.custom is not None:
+        return fig.custom(store, sid, fig.args)
     if fig.epochs is None:
         return make_plot(store, sid, fig.kind, fmt="png", **fig.args)
     args = dict(fig.args)
@@ -396,7 +676,12 @@ def main(argv: list[str] | None = None) -> int:
         "--db", type=Path, default=DEFAULT_DB, help=f"SQLite file (default {DEFAULT_DB})"
     )
     p.add_argument(
-        "--only", choices=names, action="append", help="just this experiment (repeatable)"
+        "--only",
+        choices=names,
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        help=f"just these experiments (one or more; repeatable): {', '.join(names)}",
     )
     p.add_argument("--skip-run", action="store_true", help="draw and print from the store only")
     args = p.parse_args(argv)

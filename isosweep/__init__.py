@@ -38,6 +38,7 @@ _LAZY: dict[str, str] = {
     "expand": "service.spec",
     "Settings": "service.settings",
     "Store": "service.store",
+    "register_model": "service.models",
     # measurements and theory (Joudaki et al. 2023)
     "isometry_gap": "service.isometry",
     "hermite_coefficients": "service.theory",
@@ -88,6 +89,7 @@ __all__ = [  # the client at once, the rest (_LAZY) on first use
     "mean_field_grams",
     "moments",
     "parse_spec",
+    "register_model",
     "registry_summary",
     "render",
     "run_sweep",

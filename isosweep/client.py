@@ -4,6 +4,8 @@
         sweep = c.submit("examples/demo.yaml", wait=True)     # a progress bar until it finishes
         grads = c.metrics(sweep["id"], metric="grad_norm", layer=1, epoch=0, aggregate=True)
         c.plot(sweep["id"], "depth_scaling", metric="grad_norm", path="grad.png")
+        both = c.compare([3, 4], metric="grad_norm", epoch="last")   # a `sweep` label column
+        c.compare_plot([3, 4], "depth_scaling", metric="grad_norm", path="compare.png")
 
 The server is `url` (default ISOSWEEP_API_URL, else http://127.0.0.1:8000), the token `token`
 (default ISOSWEEP_API_TOKEN), sent as `Authorization: Bearer …`. NaN and ±inf travel as the
@@ -223,6 +225,32 @@ def _params(where: Mapping[str, Any] | None = None, **given: Any) -> list[tuple[
     return items
 
 
+def sse_events(lines: Iterable[str]) -> Iterable[tuple[str, Any]]:
+    """(event, data) of a server-sent-events stream's lines (GET /sweeps/{id}/events): the
+    `event:` name (default "message") and its `data:` lines joined and read as JSON (the API's
+    NaN/±inf spellings stay strings, as in every JSON answer); comment lines (`:`) skipped."""
+    import json
+
+    name = "message"
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield name, json.loads("\n".join(data))
+            name, data = "message", []
+        elif line.startswith(":"):
+            continue
+        else:
+            key, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if key == "event":
+                name = value
+            elif key == "data":
+                data.append(value)
+    if data:
+        yield name, json.loads("\n".join(data))
+
+
 def _is_finished(status: str) -> bool:
     return SweepStatus(status).is_finished()
 
@@ -363,6 +391,22 @@ class Client:
                     )
                 time.sleep(poll_s)
 
+    def events(self, sweep_id: int) -> Iterable[tuple[str, Any]]:
+        """The sweep's live events (GET /sweeps/{id}/events; docs/api.md, "Live") as they come:
+        ("progress", sweep) when it changes, ("trial", trial) for each trial that finishes,
+        and ("end", sweep) last, when the sweep is completed, cancelled or failed. The read
+        timeout is the client's: the server sends a keep-alive line every 15 s."""
+        import httpx
+
+        try:
+            with self._http.stream("GET", f"/sweeps/{sweep_id}/events") as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise ApiError.from_response(r)
+                yield from sse_events(r.iter_lines())
+        except httpx.HTTPError as exc:
+            raise unreachable(self.url, exc, where="Client(url=…) or ISOSWEEP_API_URL") from None
+
     def sweep(self, sweep_id: int) -> dict[str, Any]:
         """One sweep: status, counts by trial status, n_trials, progress, eta_s, spec, …"""
         return self._json("GET", f"/sweeps/{sweep_id}")
@@ -440,6 +484,56 @@ class Client:
             format = "svg" if path is not None and Path(path).suffix.lower() == ".svg" else "png"
         query = _params(where, format=format, **params)
         image = self.request("GET", f"/sweeps/{sweep_id}/plots/{kind}", params=query).content
+        if path is not None:
+            Path(path).write_bytes(image)
+        return image
+
+    # --- comparing sweeps
+
+    def compare(
+        self,
+        sweeps: Iterable[int],
+        *,
+        metric: str | Iterable[str] | None = None,
+        epoch: int | str | Iterable[int] | None = None,
+        layer: int | Iterable[int] | None = None,
+        where: Mapping[str, Any] | None = None,
+        aggregate: bool = False,
+    ) -> pd.DataFrame:
+        """Several sweeps' tidy rows in one frame (docs/api.md, "Comparing sweeps"): sweep_id,
+        sweep (the label: "sweep 3 (norm=batch)", the spec parameters that differ between
+        them), trial_id, the config fields swept in any of them, epoch, metric, layer, value;
+        with `aggregate`, pooled over seeds within each sweep. Arguments as `metrics`.
+
+        Raises:
+            ApiError: a sweep that does not exist (404), or as `metrics` (a metric, epoch or
+                layer a sweep does not have names the sweep).
+        """
+        import pandas as pd
+
+        params = _params(where, sweep=list(sweeps), metric=metric, epoch=epoch, layer=layer,
+                         aggregate=aggregate)  # fmt: skip
+        rows, columns = self._pages("/compare/metrics", params, METRICS_PAGE_ROWS)
+        return decode_frame(pd.DataFrame(rows, columns=columns))
+
+    def compare_plot(
+        self,
+        sweeps: Iterable[int],
+        kind: str,
+        *,
+        format: str | None = None,
+        path: str | Path | None = None,
+        where: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> bytes:
+        """One figure of several sweeps, a line per sweep: `kind` one of layer_profile,
+        depth_scaling, training_curves; `params` the route's (metric, x, group_by — default
+        `sweep` —, epoch, layer, stat, band, nonfinite, xscale, yscale). PNG or SVG bytes, as
+        `plot`, also written to `path` when given."""
+        if format is None:
+            format = "svg" if path is not None and Path(path).suffix.lower() == ".svg" else "png"
+        query = _params(where, sweep=list(sweeps), format=format, **params)
+        image = self.request("GET", f"/compare/plots/{kind}", params=query).content
         if path is not None:
             Path(path).write_bytes(image)
         return image

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
+from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.activations import ACTIVATION_NAMES
-from service.errors import InvalidInput
+from service.errors import InvalidInput, pydantic_hint
 
 # Bump when what a metric means changes: results stored under another version are not reused.
 MEASUREMENT_VERSION = "2"
@@ -17,7 +19,10 @@ MEASUREMENT_VERSION = "2"
 ActivationName = Literal[ACTIVATION_NAMES]  # type: ignore[valid-type]
 Norm = Literal["batch", "layer", "none", "batch_scale", "layer_scale"]
 Order = Literal["norm_act", "act_norm"]
-Init = Literal["gaussian", "xavier", "kaiming", "orthogonal"]
+Init = Literal["gaussian", "xavier", "kaiming", "orthogonal", "delta_orthogonal"]
+NormPosition = Literal["pre", "post"]
+# The built-in model families (workers/models/); a lab's own are registered (service/models.py).
+BUILTIN_MODELS: tuple[str, ...] = ("mlp", "resmlp", "cnn", "transformer")
 Optimizer = Literal["sgd", "adam"]
 EvalNorm = Literal["running", "batch"]
 Dtype = Literal["float32", "float64"]
@@ -38,6 +43,16 @@ DATASET_SHAPES: dict[str, tuple[int, int]] = {
     "fashion_mnist": (784, 10),
     "digits": (64, 10),
     "gaussian": (100, 10),
+}
+# How a dataset's flattened inputs fold back into images: (layout, channels, height, width), the
+# layout being the order the values were flattened in (torchvision keeps CIFAR as HWC).
+DATASET_IMAGES: dict[str, tuple[str, int, int, int]] = {
+    "cifar10": ("hwc", 3, 32, 32),
+    "cifar100": ("hwc", 3, 32, 32),
+    "mnist": ("chw", 1, 28, 28),
+    "fashion_mnist": ("chw", 1, 28, 28),
+    "digits": ("chw", 1, 8, 8),
+    "gaussian": ("chw", 1, 10, 10),  # image-shaped noise
 }
 if TYPE_CHECKING:  # a Literal built from DATASET_SHAPES' keys, which a type checker cannot follow
     Dataset = str
@@ -60,8 +75,22 @@ LAYER_METRICS: tuple[str, ...] = (
     "range_isometry_gap/linear",  # … on the complement of the Gram's structural null space
     "range_isometry_gap/norm",  # (= isometry_gap where nothing forces singularity)
     "range_isometry_gap/act",
-    "weight_isometry_gap",  # gap(W_ℓ W_ℓᵀ)
-    "grad_norm",  # ‖∂L/∂W_ℓ‖_F on the probe batch
+    "weight_isometry_gap",  # gap(W_ℓ W_ℓᵀ) (of the block's first weight: docs/models.md)
+    "grad_norm",  # ‖∂L/∂W_ℓ‖_F on the probe batch (over all of the block's weights)
+    "rms",  # root mean square of block ℓ's output (the residual stream where there is one)
+    "mean_cosine",  # mean off-diagonal cosine similarity between the probe samples' outputs
+    # the other models' taps (docs/models.md): resmlp's residual stream, a transformer's
+    # sublayer outputs (token-mean-pooled), a registered model's tapped submodules
+    "isometry_gap/residual",
+    "isometry_gap/attn",
+    "isometry_gap/mlp",
+    "isometry_gap/output",
+    "range_isometry_gap/residual",
+    "range_isometry_gap/attn",
+    "range_isometry_gap/mlp",
+    "range_isometry_gap/output",
+    "token_isometry_gap",  # transformer: gap of each sample's token Gram, mean over the batch
+    "token_cosine",  # transformer: mean off-diagonal cosine between a sample's tokens
 )
 METRICS: tuple[str, ...] = SCALAR_METRICS + LAYER_METRICS
 # What an epoch record holds besides METRICS (docs/architecture.md, "The epoch record").
@@ -76,6 +105,10 @@ SPECTRUM_KEYS: tuple[str, ...] = (
     "spectrum/norm",
     "spectrum/act",
     "spectrum/weight",
+    "spectrum/residual",
+    "spectrum/attn",
+    "spectrum/mlp",
+    "spectrum/output",
     "jacobian_singular_values",
 )
 
@@ -134,6 +167,25 @@ class TrialConfig(BaseModel):
         description="epoch 0's train_loss/train_acc on a seeded subset of this many training "
         "samples, at least batch_size (None = all)",
     )
+    model: str = Field(
+        "mlp", description="mlp | resmlp | cnn | transformer | a registered model (docs/models.md)"
+    )
+    model_params: dict[str, Any] = Field(
+        default_factory=dict, description="a registered model's own typed parameters"
+    )
+    residual_scale: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="resmlp/transformer: x + scale·f(x)"
+    )
+    kernel_size: int = Field(3, ge=1, le=31, description="cnn: odd kernel side, same padding")
+    patch_size: int | None = Field(
+        None, ge=1, description="transformer: k×k image patches as tokens (None = image rows)"
+    )
+    heads: int = Field(4, ge=1, description="transformer: attention heads (divide width)")
+    mlp_ratio: int = Field(4, ge=0, description="transformer: MLP hidden = ratio·width; 0 = none")
+    skip: bool = Field(True, description="transformer: residual connections around sublayers")
+    norm_position: NormPosition = Field(
+        "pre", description="transformer: norm before each sublayer (pre) or after the add (post)"
+    )
 
     @model_validator(mode="after")
     def _check_combination(self) -> TrialConfig:
@@ -157,10 +209,72 @@ class TrialConfig(BaseModel):
             # normalized away and configs differing only in it hash equal (one result, reused),
             # rather than passing for distinct trials.
             object.__setattr__(self, "momentum", 0.0)
+        self._check_model()
         return self
+
+    def _check_model(self) -> None:
+        """The model family's own rules; fields that do not apply to it are reset to their
+        defaults (as Adam's momentum is), so configs that would run the same network hash equal."""
+        from service import models
+
+        models.check_model_name(self.model)
+        defaults = _family_defaults()
+        for name in models.unused_fields(self.model):
+            if getattr(self, name) != defaults[name]:
+                object.__setattr__(self, name, defaults[name])
+        if self.model in BUILTIN_MODELS:
+            if self.model_params:
+                raise InvalidInput(
+                    f"model {self.model!r} takes no model_params (they are a registered "
+                    "model's parameters); use the TrialConfig fields instead",
+                    field="model_params",
+                )
+        else:
+            object.__setattr__(self, "model_params", models.check_params(self))
+        if self.init == "delta_orthogonal" and self.model != "cnn":
+            raise InvalidInput(
+                "init 'delta_orthogonal' is a convolution kernel's init (model: cnn); for "
+                f"model {self.model!r} use 'orthogonal'",
+                field="init",
+            )
+        if self.jacobian_samples and self.model not in ("mlp", "resmlp"):
+            raise InvalidInput(
+                "jacobian_samples is measured for model mlp and resmlp only (a CNN's or "
+                "transformer's Jacobian is feature-map × input sized); set it to 0",
+                field="jacobian_samples",
+            )
+        if self.model == "cnn" and self.kernel_size % 2 == 0:
+            raise InvalidInput(
+                f"kernel_size must be odd for same padding, not {self.kernel_size}; try "
+                f"{self.kernel_size + 1}",
+                field="kernel_size",
+            )
+        if self.model == "transformer":
+            self._check_transformer()
+
+    def _check_transformer(self) -> None:
+        if self.width % self.heads:
+            raise InvalidInput(
+                f"heads={self.heads} must divide width={self.width} (the model dimension)",
+                field="heads",
+            )
+        _, _, h, w = DATASET_IMAGES[self.dataset]
+        k = self.patch_size
+        if k is not None and (h % k or w % k):
+            raise InvalidInput(
+                f"patch_size={k} does not tile {self.dataset!r}'s {h}×{w} images; use a "
+                "divisor of both sides, or null for rows as tokens",
+                field="patch_size",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def __hash__(self) -> int:  # model_params is a dict: hashed as its canonical JSON
+        values = list(self.__dict__.values())
+        params = self.model_params
+        values[_PARAMS_AT] = json.dumps(params, sort_keys=True) if params else ""
+        return hash(tuple(values))
 
     @property
     def recorded_epochs(self) -> list[int]:
@@ -178,6 +292,21 @@ class TrialConfig(BaseModel):
 
 
 CONFIG_FIELDS: tuple[str, ...] = tuple(TrialConfig.model_fields)
+_PARAMS_AT = CONFIG_FIELDS.index("model_params")
+
+
+@cache
+def _family_defaults() -> dict[str, Any]:
+    """The defaults of the family-specific fields (service.models.FAMILY_SPECIFIC)."""
+    from service import models
+
+    fields = TrialConfig.model_fields
+    return {f: fields[f].get_default(call_default_factory=True) for f in models.FAMILY_SPECIFIC}
+
+
+# The fields trials can be filtered by (`where`, query parameters): all but the JSON document of a
+# registered model's parameters.
+FILTER_FIELDS: tuple[str, ...] = tuple(f for f in CONFIG_FIELDS if f != "model_params")
 
 
 def parse_trial_config(data: dict[str, Any], *, where: str = "") -> TrialConfig:
@@ -192,8 +321,13 @@ def parse_trial_config(data: dict[str, Any], *, where: str = "") -> TrialConfig:
         raise pydantic_to_invalid(exc, where=where) from None
 
 
-def pydantic_to_invalid(exc: ValidationError, *, where: str = "") -> InvalidInput:
-    """One InvalidInput naming every bad field of a pydantic ValidationError."""
+def pydantic_to_invalid(
+    exc: ValidationError, *, where: str = "", fields: Iterable[str] = ()
+) -> InvalidInput:
+    """One InvalidInput naming every bad field of a pydantic ValidationError, with a "did you
+    mean" for a mistyped value of a choice or an unknown key (among `fields`, by default the
+    fields of the model that raised: TrialConfig's)."""
+    fields = tuple(fields) or (CONFIG_FIELDS if exc.title == "TrialConfig" else ())
     parts = []
     first_field = None
     for err in exc.errors():
@@ -203,6 +337,7 @@ def pydantic_to_invalid(exc: ValidationError, *, where: str = "") -> InvalidInpu
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        msg += pydantic_hint(err, fields)
         parts.append(f"{path}: {msg}" if path else msg)
     invalid = InvalidInput("; ".join(parts))
     invalid.field = first_field
@@ -216,17 +351,42 @@ def config_hash(config: TrialConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def tokens_of(config: TrialConfig) -> tuple[int, int]:
+    """A transformer's (tokens T, values per token) from its dataset's images: (H/k)·(W/k)
+    patches of C·k·k values, or the H rows of C·W values (patch_size None)."""
+    _, c, h, w = DATASET_IMAGES[config.dataset]
+    k = config.patch_size
+    return (h * w // (k * k), c * k * k) if k else (h, c * w)
+
+
 def estimate_memory_bytes(config: TrialConfig) -> float:
     """Rough peak memory of one trial: parameters, gradients, optimizer state and activations.
 
-    A guard against specs that would take a machine down, not an accounting.
+    A guard against specs that would take a machine down, not an accounting. Registered models
+    are estimated as an MLP of their depth and width (their modules are not known here).
     """
     d_in, n_classes = DATASET_SHAPES[config.dataset]
     L, d, n = config.depth, config.width, config.batch_size
-    params = d_in * d + (L - 1) * d * d + d * n_classes
+    measured = n  # values per sample of one float64 measurement beyond the n × n Gram's
+    if config.model == "cnn":
+        _, c, h, w = DATASET_IMAGES[config.dataset]
+        k2 = config.kernel_size**2
+        params = c * k2 * d + (L - 1) * d * d * k2 + d * n_classes
+        acts = n * d * h * w * L * 6
+        measured = d * h * w
+    elif config.model == "transformer":
+        t, token = tokens_of(config)
+        hidden = config.mlp_ratio * d
+        params = token * d + t * d + L * (4 * d * d + 2 * d * hidden) + d * n_classes
+        acts = n * t * L * (8 * d + 2 * hidden) + n * config.heads * t * t * L * 2
+        measured = max(n, d)
+    else:
+        params = d_in * d + (L - 1) * d * d + d * n_classes
+        acts = n * d * L * (8 if config.model == "resmlp" else 6)
     states = 2 if config.optimizer == "adam" else (1 if config.momentum else 0)
     size = 8 if config.dtype == "float64" else 4  # bytes per value of the network's dtype
     param_bytes = size * params * (2 + states)  # weights, grads, optimizer state
-    act_bytes = size * n * d * L * 6  # each block keeps ~3 outputs plus their gradients
-    measure_bytes = 8 * L * 4 * n * n  # float64 Grams of one measurement: 3L outputs + L weights
+    act_bytes = size * acts  # each block keeps ~3 outputs plus their gradients
+    # float64 copies of one measurement: ~4 taps per block, n × measured values each
+    measure_bytes = 8 * L * 4 * n * measured
     return float(param_bytes + act_bytes + measure_bytes)

@@ -43,7 +43,7 @@ class Settings(BaseSettings):
     allow_open: bool = False  # `isosweep serve` beyond loopback with no token refuses unless set
 
     # Limits that protect the machine; a spec over one is rejected naming the field.
-    max_trials_per_sweep: int = Field(5000, ge=1)
+    max_trials_per_sweep: int = Field(100_000, ge=1)
     max_depth: int = Field(5000, ge=1)
     max_width: int = Field(8192, ge=1)
     max_batch_size: int = Field(65536, ge=1)
@@ -62,6 +62,13 @@ class Settings(BaseSettings):
     plot_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(1_000_000, ge=1)
 
+    # TF32 on CUDA (matmuls, convolutions): faster training, ~1e-3 relative on what is measured
+    allow_tf32: bool = False
+    # Modules imported at start that register a lab's own models (service/models.py,
+    # docs/models.md); comma-separated from the environment. A spec can only name a model that
+    # these (or the `isosweep.models` entry points) registered: it never makes the server import.
+    model_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
     runner_poll_s: float = Field(2.0, gt=0)  # how often an idle runner looks for queued sweeps
     runner_lease_s: float = Field(60.0, gt=0)  # a running sweep without a heartbeat this long
     # is taken over by another runner (the first one died)
@@ -71,6 +78,13 @@ class Settings(BaseSettings):
     def _split_hosts(cls, v: object) -> object:
         if isinstance(v, str):  # from the environment; "" (as docker compose passes) = default
             return [h.strip() for h in v.split(",") if h.strip()] or list(LOOPBACK_HOSTS)
+        return v
+
+    @field_validator("model_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [m.strip() for m in v.split(",") if m.strip()]
         return v
 
     @field_validator("data_dir")

@@ -1,22 +1,37 @@
 """SweepSpec: what a researcher submits (YAML or JSON), its validation, limits and expansion.
 
 A list-valued parameter is a sweep axis, a scalar is fixed for every trial; `seeds` multiplies
-the cartesian product of the axes. Every value goes through TrialConfig's own field validation,
-so an error names `parameters.<field>` and what is allowed. Limits that protect the machine
-(trial count, depth, width, batch size, epochs, a trial's memory estimate) come from Settings.
+the cartesian product of the axes. A parameter may also be a distribution ({uniform: [a, b]},
+{loguniform: [a, b]}, {int: [a, b]}, {choice: [...]}; service.sampling), from which the top-level
+`search: {kind: random | sobol, n: N, seed: S}` draws N points at submission: trials = grid cells
+× N × seeds, all known up front (docs/api.md, "Sampled parameters"). Every value goes through
+TrialConfig's own field validation, so an error names `parameters.<field>` and what is
+allowed. Limits that protect the machine (trial count, depth, width, batch size, epochs, a
+trial's memory estimate) come from Settings.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from service import models, sampling
 from service.config import (
     CONFIG_FIELDS,
     TrialConfig,
@@ -26,9 +41,15 @@ from service.config import (
 )
 from service.documents import check_shape, load_yaml
 from service.errors import InvalidInput, LimitExceeded
+from service.sampling import Distribution, Search
 from service.settings import Settings, get_settings
 
 SWEPT_BY_SPEC = tuple(f for f in CONFIG_FIELDS if f != "seed")  # `seeds` sets the seed
+# fields whose value is a document (a dict): a dict given for one is its value, never a
+# distribution to sample (a list of them is an axis)
+DOCUMENT_FIELDS = frozenset(
+    f for f in CONFIG_FIELDS if get_origin(TrialConfig.model_fields[f].annotation) is dict
+)
 SEED_LIMIT = 2**31  # TrialConfig.seed < 2**31
 MAX_TAGS, MAX_TAG_LENGTH = 100, 100
 MAX_ERRORS = 10  # field errors named in one message; the rest are counted
@@ -55,6 +76,8 @@ class SweepSpec(BaseModel):
     """One sweep: parameters (lists are axes, scalars fixed) × seeds, plus how to run it."""
 
     model_config = ConfigDict(extra="forbid")
+    # the trials of `expand`, computed once (a 100,000-trial expansion takes seconds)
+    _expanded: list[TrialConfig] | None = PrivateAttr(default=None)
 
     name: str = Field(min_length=1, max_length=200)
     description: str | None = None
@@ -67,6 +90,16 @@ class SweepSpec(BaseModel):
     max_failures: int = Field(1, ge=0, description="retries of a crashed trial before `failed`")
     priority: int = Field(0, description="higher runs first; ties by submission time")
     rerun: bool = Field(False, description="run trials even when identical results are stored")
+    pack: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="most trials trained as one batched model (docs/architecture.md, Packed "
+        "trials); 1 = every trial alone; null = chosen from the trials' size and the cluster",
+    )
+    search: Search | None = Field(
+        None, description="draws n points for the distribution parameters (service.sampling)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -87,6 +120,24 @@ class SweepSpec(BaseModel):
     def _check_seeds(cls, v: Any) -> int | list[int]:
         return _normalize_seeds(v)
 
+    @model_validator(mode="after")
+    def _search_and_distributions_go_together(self) -> SweepSpec:
+        sampled = [k for k, v in self.parameters.items() if _is_sampled(k, v)]
+        if sampled and self.search is None:
+            raise InvalidInput(
+                "a distribution is sampled by a search: add `search: {kind: random, n: …}` "
+                "(or kind: sobol) at the top level of the spec, saying how many points to draw",
+                field=f"parameters.{sampled[0]}",
+            )
+        if self.search is not None and not sampled:
+            raise InvalidInput(
+                f"a search draws the values of distribution parameters ({sampling.FORMS}), and "
+                "no parameter is one; write e.g. `lr: {loguniform: [1e-4, 1e-1]}`, or drop "
+                "`search` (a list is a grid axis)",
+                field="search",
+            )
+        return self
+
     @property
     def seed_list(self) -> list[int]:
         if isinstance(self.seeds, int):
@@ -95,17 +146,34 @@ class SweepSpec(BaseModel):
 
     @property
     def axes(self) -> dict[str, list[Any]]:
-        """The swept parameters, in the order they were written."""
+        """The grid axes (list-valued parameters), in the order they were written."""
         return {k: v for k, v in self.parameters.items() if isinstance(v, list)}
 
     @property
+    def sampled(self) -> dict[str, Distribution]:
+        """The distribution parameters, in the order they were written."""
+        return {
+            k: sampling.distribution_of(v) for k, v in self.parameters.items() if _is_sampled(k, v)
+        }
+
+    @property
     def fixed(self) -> dict[str, Any]:
-        return {k: v for k, v in self.parameters.items() if not isinstance(v, list)}
+        return {
+            k: v
+            for k, v in self.parameters.items()
+            if not isinstance(v, list) and not _is_sampled(k, v)
+        }
+
+    @property
+    def n_points(self) -> int:
+        """The sampled points crossed with every grid cell: search.n, or 1 without a search."""
+        return self.search.n if self.search is not None else 1
 
     @property
     def n_trials(self) -> int:
-        """Axes' product × seeds: the trials at most (`expand` drops points equal to others)."""
-        return math.prod(len(v) for v in self.axes.values()) * _n_seeds(self)
+        """Axes' product × sampled points × seeds: the trials at most (`expand` drops points
+        equal to others)."""
+        return math.prod(len(v) for v in self.axes.values()) * self.n_points * _n_seeds(self)
 
 
 def _n_seeds(spec: SweepSpec) -> int:
@@ -130,15 +198,24 @@ def validate_field(name: str, value: Any, *, where: str, strict: bool = False) -
         raise InvalidInput("unknown field", field=where, allowed=CONFIG_FIELDS)
     adapter = _field_adapter(name)
     try:
-        return adapter.dump_python(adapter.validate_python(value, strict=strict), mode="json")
+        out = adapter.dump_python(adapter.validate_python(value, strict=strict), mode="json")
     except ValidationError as exc:
         raise capped_invalid(exc, where=where) from None
+    if name == "model":  # only what the server's configuration registered (service/models.py)
+        try:
+            models.check_model_name(out)
+        except InvalidInput as exc:
+            exc.field = where
+            raise
+    return out
 
 
-def capped_invalid(exc: ValidationError, *, where: str = "") -> InvalidInput:
+def capped_invalid(
+    exc: ValidationError, *, where: str = "", fields: Iterable[str] = ()
+) -> InvalidInput:
     """pydantic_to_invalid, naming the first MAX_ERRORS fields and counting the rest (a list
     of 100 000 bad values must not become a 5 MB message)."""
-    err = pydantic_to_invalid(exc, where=where)
+    err = pydantic_to_invalid(exc, where=where, fields=fields)
     extra = exc.error_count() - MAX_ERRORS
     if extra > 0:
         head = err.message.split("; ", MAX_ERRORS)[:MAX_ERRORS]
@@ -153,16 +230,22 @@ def _normalize_parameter(name: str, value: Any) -> Any:
         raise InvalidInput("set seeds with the top-level `seeds` key", field=where)
     if name not in SWEPT_BY_SPEC:
         raise InvalidInput("unknown field", field=where, allowed=SWEPT_BY_SPEC)
-    if isinstance(value, dict):
-        raise InvalidInput("must be a value or a list of values", field=where)
-    if not isinstance(value, list | tuple):
+    if isinstance(value, dict) and name not in DOCUMENT_FIELDS:
+        return sampling.parse_distribution(
+            name,
+            value,
+            where=where,
+            validate=lambda n, v, w: validate_field(n, v, where=w, strict=True),
+        )
+    if not isinstance(value, list | tuple):  # a document (model_params) is one value
         return validate_field(name, value, where=where, strict=True)
     if not value:
         raise InvalidInput("an axis needs at least one value", field=where)
     values = [
         validate_field(name, v, where=f"{where}[{i}]", strict=True) for i, v in enumerate(value)
     ]
-    if len(set(values)) != len(values):  # normalized: "1e-3" and 0.001 are the same value
+    distinct = {json.dumps(v, sort_keys=True) for v in values}
+    if len(distinct) != len(values):  # normalized: "1e-3" and 0.001 are the same value
         raise InvalidInput(f"an axis must not repeat a value: {values}", field=where)
     return values
 
@@ -206,7 +289,7 @@ def parse_spec(data: dict[str, Any] | str, *, settings: Settings | None = None) 
     try:
         spec = SweepSpec.model_validate(data, strict=True)
     except ValidationError as exc:
-        raise capped_invalid(exc) from None
+        raise capped_invalid(exc, fields=SweepSpec.model_fields) from None
     except RecursionError:
         raise InvalidInput("the document is nested too deeply", field="spec") from None
     check_limits(spec, settings)
@@ -269,8 +352,9 @@ def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialConfig]:
     """
     n = spec.n_trials
     if n > settings.max_trials_per_sweep:
+        points = [f"{spec.n_points} sampled points"] if spec.search is not None else []
         shape = " × ".join(
-            [*(f"{len(v)} {k}" for k, v in spec.axes.items()), f"{_n_seeds(spec)} seeds"]
+            [*(f"{len(v)} {k}" for k, v in spec.axes.items()), *points, f"{_n_seeds(spec)} seeds"]
         )
         raise LimitExceeded(
             f"the sweep expands to {n} trials ({shape}), over the limit of "
@@ -278,9 +362,13 @@ def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialConfig]:
             field="parameters",
         )
     defaults = TrialConfig()
+    sampled = spec.sampled
     for name, setting in FIELD_LIMITS:
         value = spec.parameters.get(name, getattr(defaults, name))
-        top = max(value) if isinstance(value, list) else value
+        if name in sampled:
+            top = sampled[name].top
+        else:
+            top = max(value) if isinstance(value, list) else value
         limit = getattr(settings, setting)
         if top > limit:
             raise LimitExceeded(
@@ -306,8 +394,10 @@ def _check_memory(trials: list[TrialConfig], settings: Settings) -> None:
 
 
 def expand(spec: SweepSpec) -> list[TrialConfig]:
-    """The sweep's trials: the cartesian product of the axes, in the order they are written, with
-    the seeds innermost (consecutive trials are the seeds of one configuration).
+    """The sweep's trials: the cartesian product of the axes, in the order they are written, then
+    the search's sampled points (the same N points in every grid cell, in draw order: see
+    service.sampling), with the seeds innermost (consecutive trials are the seeds of one
+    configuration).
 
     A point that validates to the config of an earlier one is dropped (the first is kept): e.g.
     optimizer × momentum, where Adam's momentum is normalized to 0, gives Adam one trial per
@@ -317,11 +407,14 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
     Raises:
         InvalidInput: some combination of values is not a valid TrialConfig (field `parameters`).
     """
+    if spec._expanded is not None:  # parse_spec expanded it already (check_limits)
+        return list(spec._expanded)
     axes = spec.axes
     names = list(axes)
+    draws = sampling.draw(spec.sampled, spec.search) if spec.search is not None else [{}]
     trials: dict[TrialConfig, None] = {}  # insertion-ordered set: the first of equal configs
-    for values in itertools.product(*axes.values(), spec.seed_list):
-        point = dict(zip(names, values[:-1], strict=True))
+    for values in itertools.product(*axes.values(), draws, spec.seed_list):
+        point = {**dict(zip(names, values[:-2], strict=True)), **values[-2]}
         try:
             trials.setdefault(parse_trial_config({**spec.fixed, **point, "seed": values[-1]}))
         except InvalidInput as exc:
@@ -330,19 +423,28 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
                 f"{exc.message}" + (f" (in the trial with {at})" if at else ""),
                 field="parameters",
             ) from None
+    spec._expanded = list(trials)
     return list(trials)
 
 
 def swept_fields(spec: SweepSpec) -> list[str]:
-    """The config fields that vary across the sweep's trials: its axes, then `seed`."""
-    return [*spec.axes, "seed"]
+    """The config fields that vary across the sweep's trials: its axes and distribution
+    parameters, in the order they were written, then `seed`."""
+    return [*(k for k in spec.parameters if k in spec.axes or k in spec.sampled), "seed"]
 
 
 def swept_fields_of(spec: Mapping[str, Any]) -> list[str]:
     """`swept_fields` of a stored spec (a validated SweepSpec's JSON dump, as the store keeps it)
-    without validating it again: the list-valued keys of its parameters, then `seed`."""
+    without validating it again: the keys of its parameters that are lists or distributions,
+    then `seed`."""
     parameters = spec.get("parameters") or {}
-    return [*(k for k, v in parameters.items() if isinstance(v, list)), "seed"]
+    varying = [k for k, v in parameters.items() if isinstance(v, list) or _is_sampled(k, v)]
+    return [*varying, "seed"]
+
+
+def _is_sampled(name: str, value: Any) -> bool:
+    """A distribution parameter; a document-valued field's dict (model_params) is one value."""
+    return name not in DOCUMENT_FIELDS and sampling.is_distribution(value)
 
 
 # What no database stores, whatever the spec allows: NUL characters and unpaired surrogates

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from service.config import LAYER_METRICS, SCALAR_METRICS, TrialConfig
+from service.config import SCALAR_METRICS, TrialConfig
+from service.models import layer_metrics
 
 
 def row_keys(frame: pd.DataFrame) -> list[tuple]:
@@ -20,8 +21,6 @@ def expected_keys(trials) -> set[tuple]:
         config = TrialConfig(**t.config)
         for e in config.recorded_epochs:
             keys.update((t.id, e, m, None) for m in SCALAR_METRICS)
-            for m in LAYER_METRICS:
-                if m.endswith("isometry_gap/norm") and config.norm == "none":
-                    continue
+            for m in layer_metrics(config):
                 keys.update((t.id, e, m, ell) for ell in range(1, config.depth + 1))
     return keys

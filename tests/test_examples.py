@@ -24,6 +24,9 @@ REPRODUCTIONS = (
     "meterez-shaping",
     "joudaki-layernorm-isometry",
     "meterez-orthogonal-training",
+    "de-smith-residual-depth",
+    "xiao-delta-orthogonal",
+    "dong-rank-collapse",
 )
 OFFLINE = {"digits", "gaussian"}  # datasets that need no download
 # "# FULL SCALE: change the one field `dataset` to `dataset: cifar10` …"

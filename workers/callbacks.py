@@ -29,7 +29,15 @@ from service.errors import Conflict, StorageError
 from service.status import TrialStatus, trials_finished
 from service.store import Store
 from service.store.sweeps import LeaseLost
-from workers.trainable import DEVICE_KEY, ERROR_KEY, PARAM_KEY, from_transport
+from workers.trainable import (
+    DEVICE_KEY,
+    ERROR_KEY,
+    PACK_SIZE_KEY,
+    PARAM_KEY,
+    TRIAL_KEY,
+    from_transport,
+    members_of,
+)
 
 log = logging.getLogger("isosweep.driver")
 
@@ -153,31 +161,33 @@ class StoreCallback(DriverSide, tune.Callback):
         self.last: dict[int, dict[str, Any]] = {}  # trial id → its last record (no arrays)
         self.skipped: set[int] = set()  # trials the store refused to start (cancelled)
         self.errors: dict[int, str] = {}  # trial id → the deterministic error it ended with
+        self.finished: set[int] = set()  # trials whose outcome this attempt has written
 
     # --- Tune hooks -----------------------------------------------------------------------
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        tid = trial_key(trial)
         self.flush()
-        if self.control.lost.is_set():
-            return
-        try:
-            self._fenced(self.store.start_trial, tid)
-        except LeaseLost:
-            return
-        except Conflict as exc:  # cancelled while it waited; the stopper ends the run
-            log.info("trial %d not started: %s", tid, exc)
-            self.skipped.add(tid)
-            return
-        self.last.pop(tid, None)
-        self.errors.pop(tid, None)
-        self._event("start", tid, status=TrialStatus.RUNNING, done=0)
+        for tid in trial_keys(trial):  # one, or a pack's members
+            if self.control.lost.is_set():
+                return
+            try:
+                self._fenced(self.store.start_trial, tid)
+            except LeaseLost:
+                return
+            except Conflict as exc:  # cancelled while it waited; the stopper ends the run
+                log.info("trial %d not started: %s", tid, exc)
+                self.skipped.add(tid)
+                continue
+            self.last.pop(tid, None)
+            self.errors.pop(tid, None)
+            self.finished.discard(tid)
+            self._event("start", tid, status=TrialStatus.RUNNING, done=0)
 
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
-        tid = trial_key(trial)
-        if tid in self.skipped or self.control.lost.is_set():
+        tid = int(result.get(TRIAL_KEY, trial_key(trial)))  # a pack's results name their member
+        if tid in self.skipped or tid in self.finished or self.control.lost.is_set():
             return
         if ERROR_KEY in result:  # the trial's last result: an error no retry would cure
             self.errors[tid] = str(result[ERROR_KEY])
@@ -191,43 +201,57 @@ class StoreCallback(DriverSide, tune.Callback):
         if len(self.buffer) >= self.flush_records:
             self.flush()
         self._event("record", tid, done=self.tracker.done.get(tid, 0) + 1)
+        final = record["diverged"] or record["epoch"] == self.final_epochs.get(tid)
+        if final and int(result.get(PACK_SIZE_KEY, 1)) > 1:
+            self._finish(tid)  # a member's own end: the rest of its pack goes on
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         if self.buffer and time.monotonic() - self.oldest >= self.flush_s:
             self.flush()
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        tid = trial_key(trial)
+        for tid in trial_keys(trial):
+            self._finish(tid)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.flush()
-        if tid in self.skipped or self.control.lost.is_set():
+        summary = error_text(trial).split("\n", 1)[0]
+        for tid in trial_keys(trial):
+            log.warning(
+                "trial %d failed (attempt %d), retrying: %s", tid, trial.num_failures, summary
+            )
+            self.finished.discard(tid)
+            self._event("retry", tid, status=TrialStatus.QUEUED, done=0)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.flush()
+        text = error_text(trial)
+        for tid in trial_keys(trial):
+            if tid in self.skipped or tid in self.finished or self.control.lost.is_set():
+                continue
+            log.warning(
+                "trial %d failed after %d attempts: %s", tid, trial.num_failures, text[:300]
+            )
+            with contextlib.suppress(LeaseLost):
+                self._fenced(self.store.finish_trial, tid, TrialStatus.FAILED, text)
+                self.finished.add(tid)
+                self._event("finish", tid, status=TrialStatus.FAILED)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.flush()
+
+    def _finish(self, tid: int) -> None:
+        """Write a trial's outcome once (a pack member's may come before its pack ends)."""
+        self.flush()
+        if tid in self.skipped or tid in self.finished or self.control.lost.is_set():
             return
         status, error = self._outcome(tid)
         if error is not None:
             log.warning("trial %d failed: %s", tid, error.split("\n", 1)[0])
         with contextlib.suppress(LeaseLost):
             self._fenced(self.store.finish_trial, tid, status, error)
+            self.finished.add(tid)
             self._event("finish", tid, status=status)
-
-    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        tid = trial_key(trial)
-        self.flush()
-        summary = error_text(trial).split("\n", 1)[0]
-        log.warning("trial %d failed (attempt %d), retrying: %s", tid, trial.num_failures, summary)
-        self._event("retry", tid, status=TrialStatus.QUEUED, done=0)
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        tid = trial_key(trial)
-        self.flush()
-        if tid in self.skipped or self.control.lost.is_set():
-            return
-        text = error_text(trial)
-        log.warning("trial %d failed after %d attempts: %s", tid, trial.num_failures, text[:300])
-        with contextlib.suppress(LeaseLost):
-            self._fenced(self.store.finish_trial, tid, TrialStatus.FAILED, text)
-            self._event("finish", tid, status=TrialStatus.FAILED)
-
-    def on_experiment_end(self, trials: list, **info: Any) -> None:
-        self.flush()
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -281,7 +305,8 @@ class CancelStopper(DriverSide, tune.Stopper):
         self.polled = -float("inf")
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        return bool(result.get("diverged", False))
+        # a pack goes on when one member diverges (that member stops inside it)
+        return bool(result.get("diverged", False)) and int(result.get(PACK_SIZE_KEY, 1)) == 1
 
     def stop_all(self) -> bool:
         now = time.monotonic()
@@ -367,9 +392,14 @@ class Heartbeat:
         self.control.lost.set()
 
 
+def trial_keys(trial: Any) -> list[int]:
+    """The store's trial ids a Tune trial runs: one, or a pack's members."""
+    return [tid for tid, _ in members_of(trial.config[PARAM_KEY])]
+
+
 def trial_key(trial: Any) -> int:
-    """The store's trial id of a Tune trial."""
-    return int(trial.config[PARAM_KEY]["trial_id"])
+    """The store's trial id of a Tune trial (a pack's first member)."""
+    return trial_keys(trial)[0]
 
 
 def trial_name(trial: Any) -> str:

@@ -2,9 +2,25 @@
 
     info = run_sweep(store, sweep_id, runner_id="host:123")
 
-- One Tune trial per stored trial still to run (`store.runnable_trials`): a grid over
-  {"trial_id", "config", "data_dir"} dicts, each with the spec's resources (CPU or GPU,
-  fractional GPUs allowed) and `FailureConfig(max_failures=spec.max_failures)`.
+- One Tune trial per stored trial still to run, handed to Tune lazily: `TrialSource` (a Tune
+  `Searcher`) reads the runnable trials from the store a keyset page at a time
+  (`store.runnable_trials(after_index=, limit=)`) and suggests one {"trial_id", "config",
+  "data_dir"} dict whenever Tune has room for a trial (`max_concurrent_trials`: what the cluster
+  runs at once, twice over), each with the spec's resources (CPU or GPU, fractional GPUs allowed)
+  and `FailureConfig(max_failures=spec.max_failures)`. Nothing is generated up front (Tune's
+  `grid_search` variant generator is quadratic in the number of trials), so a sweep's first
+  trial starts as soon as Ray is up, whatever its size.
+- A sweep runs as a series of Tune runs ("chunks") of at most CHUNK_TRIALS trials: Tune keeps
+  every Trial object of a run until the run ends, so this bounds the driver's memory (and
+  Tune's per-step scans over its trials) by the chunk, not the sweep. What Tune would keep of a
+  finished trial's last result beyond its scalars (the record's vectors and input Gram, 0.5 MB
+  for a digits trial, which StoreCallback has stored) is dropped (`RunCallback`).
+  `RunProgress` lists only the trials in flight.
+- Taking turns (`yield_after_s`, the Runner's default YIELD_AFTER_S): once a sweep has held the
+  runner that long and another sweep of at least its priority is waiting
+  (`store.is_sweep_waiting`), no more trials are handed out, the ones in flight finish, and the
+  sweep goes back to the queue (`store.release_sweep`); the claim order (priority, then the
+  sweep that ran least recently) runs the waiting sweep next, then this one resumes.
 - workers/callbacks.py: `StoreCallback` (the only writer), `CancelStopper` (the cancel flag,
   divergence), `Heartbeat` (the lease), `SweepProgress`.
 - The lease: `Runner.run_once` starts the Heartbeat at the claim, before Ray starts, and hands its
@@ -18,29 +34,37 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shutil
 import tempfile
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray import tune
+from ray.tune.search import Searcher
 
-from service.errors import Conflict
+from service.config import TrialConfig
+from service.errors import Conflict, StorageError
+from service.packs import auto_pack_size, pack_key
 from service.spec import SweepSpec
 from service.status import TrialStatus
 from service.store import Store, SweepInfo, TrialInfo
 from workers.callbacks import (
     CancelStopper,
+    DriverSide,
     Heartbeat,
     StoreCallback,
     SweepControl,
     SweepProgress,
     trial_name,
 )
-from workers.trainable import PARAM_KEY, run_trial
+from workers.trainable import PACK_KEY, PARAM_KEY, run_trial
 
 log = logging.getLogger("isosweep.driver")
 
@@ -49,6 +73,14 @@ TUNE_LOGGERS = (  # Tune's own reports of what StoreCallback already records
     "ray.tune.execution.tune_controller",
     "ray.tune.analysis.experiment_analysis",
 )
+PAGE_TRIALS = 256  # runnable trials read from the store at a time
+# Trials of one Tune run: Tune keeps each Trial object (~70 kB measured, once RunCallback has
+# dropped its arrays) until the run ends, and a new run costs a round of actor start-ups (~8 s
+# on a loaded 2-core host): ~70 MB at most, and a restart per 1000 trials.
+CHUNK_TRIALS = 1000
+LIVE_PER_SLOT = 2  # trials Tune holds at once (pending or running) per trial the cluster fits
+YIELD_AFTER_S = 30.0  # the Runner's turn: a sweep gives the runner up after this, if one waits
+WAIT_POLL_S = 2.0  # how often, once its turn is over, a sweep asks whether another waits
 
 
 # --- Ray and the sweep run ----------------------------------------------------------------------
@@ -84,6 +116,7 @@ def run_sweep(
     ray_address: str | None = None,
     lease_s: float | None = None,
     control: SweepControl | None = None,
+    yield_after_s: float | None = None,
 ) -> SweepInfo:
     """Run the trials of a sweep claimed by `runner_id` that are not finished, then finish it.
 
@@ -102,10 +135,14 @@ def run_sweep(
             stop, records are flushed, and the sweep goes back to the queue at once
             (store.release_sweep). Without it, run_sweep starts the Heartbeat itself, and the
             run ends when the sweep is finished, cancelled or taken over.
+        yield_after_s: give the runner up once the run is this old and another sweep of at
+            least this one's priority is waiting: the trials in flight finish, no new ones
+            start, and the sweep goes back to the queue (the Runner passes YIELD_AFTER_S; None,
+            the default and `isosweep run`'s: run to the end).
 
     Returns:
         The sweep as it stands: finished (completed, failed or cancelled), queued again when it
-        was stopped, or running when another runner took it over.
+        was stopped or gave its turn up, or running when another runner took it over.
 
     Raises:
         NotFound: no such sweep.
@@ -113,26 +150,29 @@ def run_sweep(
     """
     sweep = store.get_sweep(sweep_id)
     spec = SweepSpec.model_validate(sweep.spec)
-    trials = store.runnable_trials(sweep_id)
-    tracker = new_progress(sweep, trials)
+    left, records = store.runnable_totals(sweep_id)
+    tracker = RunProgress.begin(sweep, records)
     if progress is not None:
         progress(tracker)
     held = control is not None
     control = control or SweepControl()
     lease = lease_s or store.settings.runner_lease_s
     beat = Heartbeat(store, sweep_id, runner_id, lease / 3, control, lease_s=lease)
+    yielded = False
     with contextlib.nullcontext() if held else beat:
         # not when cancelled while its runner was gone, nor stopped or lost while Ray started
-        if trials and not sweep.cancel_requested and not control.halted():
+        if left and not sweep.cancel_requested and not control.halted():
             init_ray(ray_address)
             local = not (ray_address or os.environ.get("RAY_ADDRESS"))
             short = unmet_resources(spec.resources.cpu, spec.resources.gpu) if local else None
             if short:  # a fixed local instance would wait forever: fail the trials instead
-                for t in trials:
+                feed = TrialFeed(store, sweep_id)
+                while (t := feed.next()) is not None:
                     store.finish_trial(t.id, TrialStatus.FAILED, short, runner_id=runner_id)
             else:
-                _tune(store, sweep, spec, trials, control, tracker, progress, runner_id)
-    return conclude(store, sweep_id, runner_id, control)
+                turn = Turn(store, sweep_id, yield_after_s)
+                yielded = _tune(store, sweep, spec, control, tracker, progress, runner_id, turn)
+    return conclude(store, sweep_id, runner_id, control, yielded=yielded)
 
 
 def unmet_resources(cpu: float, gpu: float) -> str | None:
@@ -148,50 +188,337 @@ def unmet_resources(cpu: float, gpu: float) -> str | None:
     return None
 
 
-def new_progress(sweep: SweepInfo, trials: list[TrialInfo]) -> SweepProgress:
-    base = Counter({s: n for s, n in sweep.counts.items() if n})
+def new_progress(sweep: SweepInfo, trials: list[TrialInfo]) -> RunProgress:
+    """The progress of a run that drives `trials` (all handed to it at once)."""
+    tracker = RunProgress.begin(sweep, 0)
     for t in trials:
-        base[t.status] -= 1
-    return SweepProgress(
-        sweep_id=sweep.id,
-        trials_total=sweep.n_trials,
-        base_counts=+base,  # unary + drops the zeros
-        expected={t.id: t.epochs_total for t in trials},
-        status={t.id: TrialStatus.QUEUED for t in trials},
-    )
+        tracker.feed(t)
+    return tracker
+
+
+@dataclass
+class RunProgress(SweepProgress):
+    """A SweepProgress whose cost per event does not grow with the sweep: only the trials handed
+    to Tune and not finished yet are listed (status, expected, done, devices); the runnable
+    trials not handed out yet (`unfed_epochs`) and the finished ones (`folded_epochs`, and their
+    statuses in base_counts) are totals."""
+
+    unfed_epochs: int = 0  # records a full run of the trials not handed to Tune yet writes
+    folded_epochs: int = 0  # records of this run's finished trials, folded out of the lists
+
+    @classmethod
+    def begin(cls, sweep: SweepInfo, unfed_epochs: int) -> RunProgress:
+        """Before any trial is handed out: every trial counted by its stored status."""
+        return cls(
+            sweep_id=sweep.id,
+            trials_total=sweep.n_trials,
+            base_counts=Counter({s: n for s, n in sweep.counts.items() if n}),
+            expected={},
+            status={},
+            unfed_epochs=unfed_epochs,
+        )
+
+    def feed(self, t: TrialInfo) -> None:
+        """`t` is handed to Tune: listed, queued, until it finishes."""
+        self.base_counts[t.status] -= 1
+        self.status[t.id] = TrialStatus.QUEUED
+        self.expected[t.id] = t.epochs_total
+        self.unfed_epochs = max(self.unfed_epochs - t.epochs_total, 0)
+
+    def fold(self, trial_id: int) -> None:
+        """A finished trial leaves the lists for the totals."""
+        status = self.status.pop(trial_id, None)
+        if status is None:
+            return
+        self.base_counts[status] += 1
+        self.folded_epochs += self.expected.pop(trial_id, 0)
+        self.done.pop(trial_id, None)
+        self.devices.pop(trial_id, None)
+
+    @property
+    def epochs_total(self) -> int:
+        return self.unfed_epochs + self.folded_epochs + sum(self.expected.values())
+
+    @property
+    def epochs_done(self) -> int:
+        return self.folded_epochs + SweepProgress.epochs_done.fget(self)  # type: ignore[attr-defined]
+
+
+class TrialFeed:
+    """The sweep's trials still to run, in expansion order, read from the store a keyset page
+    (`PAGE_TRIALS`) at a time: memory and time per trial independent of the sweep's size."""
+
+    def __init__(self, store: Store, sweep_id: int, page: int = PAGE_TRIALS):
+        self.store, self.sweep_id, self.page = store, sweep_id, page
+        self.buffer: deque[TrialInfo] = deque()
+        self.after: int | None = None  # the index of the last trial read
+        self.read_all = False
+
+    def put_back(self, t: TrialInfo) -> None:
+        """Return a trial taken with `next`: the next call gives it again."""
+        self.buffer.appendleft(t)
+
+    def next(self) -> TrialInfo | None:
+        """The next trial, or None when there is none left.
+
+        Raises:
+            StorageError: the store failed (the feed is unchanged: ask again).
+        """
+        if not self.buffer and not self.read_all:
+            got = self.store.runnable_trials(self.sweep_id, after_index=self.after, limit=self.page)
+            self.read_all = len(got) < self.page
+            self.buffer.extend(got)
+            if got:
+                self.after = got[-1].index
+        return self.buffer.popleft() if self.buffer else None
+
+    @property
+    def drained(self) -> bool:
+        return self.read_all and not self.buffer
+
+
+class Turn:
+    """Whether the run should give the runner up: `after_s` seconds after it began, and only
+    while another sweep is waiting (asked of the store at most every `poll_s`). Never, with
+    after_s None."""
+
+    def __init__(self, store: Store, sweep_id: int, after_s: float | None, poll_s=WAIT_POLL_S):
+        self.store, self.sweep_id, self.poll_s = store, sweep_id, poll_s
+        self.deadline = None if after_s is None else time.monotonic() + after_s
+        self.polled = -math.inf
+        self.over = False
+
+    def __call__(self) -> bool:
+        if self.deadline is None or self.over:
+            return self.over
+        now = time.monotonic()
+        if now < self.deadline or now - self.polled < self.poll_s:
+            return False
+        self.polled = now
+        try:
+            self.over = self.store.is_sweep_waiting(self.sweep_id)
+        except StorageError as exc:  # a blip: keep running, ask again later
+            log.warning("sweep %d: cannot tell whether another sweep waits: %s", self.sweep_id, exc)
+        if self.over:
+            log.info("sweep %d: another sweep is waiting; giving the runner up", self.sweep_id)
+        return self.over
+
+
+class TrialSource(DriverSide, Searcher):
+    """Tune's source of trials (a Searcher; Tune asks `suggest` whenever it has room for one):
+    the feed's next trial — or a pack of up to `pack` consecutive trials that share a
+    service.packs.pack_key — as its Tune config, until `limit` Tune trials were handed out, the
+    feed is drained, the run halts (cancel, stop, lost lease) or its turn is over, and then
+    FINISHED (`ended` says why: "drained", "limit", "halted" or "turn"). Nothing to save or
+    restore: resumption is from the store."""
+
+    def __init__(
+        self,
+        feed: TrialFeed,
+        *,
+        param: Callable[[list[TrialInfo]], dict[str, Any]],
+        on_feed: Callable[[TrialInfo], None],
+        limit: int,
+        control: SweepControl,
+        turn: Callable[[], bool],
+        pack: int = 1,
+    ):
+        super().__init__()
+        self.feed, self.param, self.on_feed = feed, param, on_feed
+        self.limit, self.control, self.turn = limit, control, turn
+        self.pack = pack
+        self.handed = 0
+        self.ended: str | None = None
+
+    def _members(self, first: TrialInfo) -> list[TrialInfo]:
+        """`first` and the next trials of the feed with its pack key, up to `pack` in all."""
+        members = [first]
+        if self.pack > 1:
+            key = pack_key(first.config)
+            while len(members) < self.pack:
+                t = self.feed.next()
+                if t is None:
+                    break
+                if pack_key(t.config) != key:
+                    self.feed.put_back(t)
+                    break
+                members.append(t)
+        return members
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if self.ended is None:
+            if self.control.halted():
+                self.ended = "halted"
+            elif self.handed >= self.limit:
+                self.ended = "limit"
+            elif self.turn():
+                self.ended = "turn"
+        if self.ended is not None:
+            return Searcher.FINISHED
+        try:
+            t = self.feed.next()
+        except StorageError as exc:  # a blip: Tune asks again
+            log.warning("sweep %d: cannot read its next trials: %s", self.feed.sweep_id, exc)
+            return None
+        if t is None:
+            self.ended = "drained"
+            return Searcher.FINISHED
+        try:
+            members = self._members(t)
+        except StorageError as exc:  # a blip while reading on: the pack is what was read
+            log.warning("sweep %d: cannot read its next trials: %s", self.feed.sweep_id, exc)
+            members = [t]
+        self.handed += 1
+        for m in members:
+            self.on_feed(m)
+        return {PARAM_KEY: self.param(members)}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        pass  # StoreCallback records the outcome
+
+    def save(self, checkpoint_path: str) -> None:
+        pass
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass
+
+
+class RunCallback(StoreCallback):
+    """StoreCallback that, once a trial has finished and its records are stored, drops what Tune
+    would keep of its last result beyond the scalars (Tune holds each Trial, with its last
+    result, until the run ends; the lists are the record's vectors and input Gram)."""
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        super().on_trial_complete(iteration, trials, trial, **info)
+        drop_arrays(trial)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        super().on_trial_error(iteration, trials, trial, **info)
+        drop_arrays(trial)
+
+
+def drop_arrays(trial: Any) -> None:
+    """A finished Tune trial's last result without its list values (Tune's Trial keeps it in
+    `run_metadata.last_result`; setting it also drops the JSON Tune cached of it)."""
+    meta = getattr(trial, "run_metadata", None)
+    last = getattr(meta, "last_result", None)
+    if isinstance(last, dict):
+        meta.last_result = {k: v for k, v in last.items() if not isinstance(v, list)}
+
+
+def trial_param(trials: list[TrialInfo], data_dir: str) -> dict[str, Any]:
+    """What a Tune trial is given (workers.trainable.run_trial): one trial, or a pack's
+    members — never a database URL."""
+    if len(trials) == 1:
+        (t,) = trials
+        return {"trial_id": t.id, "config": t.config, "data_dir": data_dir}
+    members = [{"trial_id": t.id, "config": t.config} for t in trials]
+    return {PACK_KEY: members, "data_dir": data_dir}
+
+
+def pack_size(spec: SweepSpec, first: TrialInfo | None, trials_left: int) -> int:
+    """The spec's `pack`, or when unset `service.packs.auto_pack_size` for the sweep's first
+    runnable trial and the trials the cluster runs at once."""
+    if spec.pack is not None:
+        return spec.pack
+    if first is None:
+        return 1
+    slots = live_trials(spec.resources.cpu, spec.resources.gpu) // LIVE_PER_SLOT
+    config = TrialConfig(**first.config)
+    return auto_pack_size(config, trials_left=trials_left, slots=slots)
+
+
+def live_trials(cpu: float, gpu: float) -> int:
+    """How many trials Tune holds at once: LIVE_PER_SLOT × the trials the cluster runs at once
+    (at least one)."""
+    have = ray.cluster_resources()
+    fits = [have.get(name, 0.0) / need for name, need in (("CPU", cpu), ("GPU", gpu)) if need > 0]
+    slots = max(1, math.floor(min(fits))) if fits else 1
+    return LIVE_PER_SLOT * slots
 
 
 def _tune(
     store: Store,
     sweep: SweepInfo,
     spec: SweepSpec,
-    trials: list[TrialInfo],
     control: SweepControl,
-    tracker: SweepProgress,
+    tracker: RunProgress,
     progress: Callable[[SweepProgress], None] | None,
     runner_id: str,
-) -> None:
+    turn: Turn,
+) -> bool:
+    """Run the sweep's runnable trials, CHUNK_TRIALS per Tune run. Returns True when the run
+    gave its turn up with trials left (the caller releases the sweep)."""
     data_dir = str(Path(store.settings.data_dir).expanduser().resolve())
-    params = [{"trial_id": t.id, "config": t.config, "data_dir": data_dir} for t in trials]
-    resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
-    callback = StoreCallback(
-        store,
-        control,
-        tracker,
-        progress=progress,
-        final_epochs={t.id: t.config["epochs"] for t in trials},
-        runner_id=runner_id,
-    )
+    feed = TrialFeed(store, sweep.id)
+
+    def report(p: SweepProgress) -> None:
+        if progress is not None:
+            progress(p)
+        if p.event == "finish" and p.trial_id is not None:
+            tracker.fold(p.trial_id)
+
+    left = tracker.counts.get(TrialStatus.QUEUED, 0)
+    first = feed.next()
+    if first is not None:
+        feed.put_back(first)
+    pack = pack_size(spec, first, left)
     log.info(
-        "sweep %d (%s): running %d of %d trials, %s per trial",
-        sweep.id, sweep.name, len(trials), sweep.n_trials, resources,
+        "sweep %d (%s): running %d of %d trials, %s per %s",
+        sweep.id, sweep.name, left, sweep.n_trials,
+        {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
+        "trial" if pack == 1 else f"pack of up to {pack}",
     )  # fmt: skip
+    while True:
+        ended = _tune_chunk(store, sweep, spec, control, tracker, report, runner_id, feed, turn,
+                            data_dir, pack)  # fmt: skip
+        if ended != "limit" or control.halted() or feed.drained:
+            return ended == "turn" and not control.halted()
+        if turn():
+            return True
+
+
+def _tune_chunk(
+    store: Store,
+    sweep: SweepInfo,
+    spec: SweepSpec,
+    control: SweepControl,
+    tracker: RunProgress,
+    report: Callable[[SweepProgress], None],
+    runner_id: str,
+    feed: TrialFeed,
+    turn: Turn,
+    data_dir: str,
+    pack: int = 1,
+) -> str | None:
+    """One Tune run of up to CHUNK_TRIALS Tune trials (each one trial or a pack of up to `pack`)
+    from the feed; returns why its source ended."""
+    resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
+    callback = RunCallback(
+        store, control, tracker, progress=report, final_epochs={}, runner_id=runner_id
+    )
+
+    def on_feed(t: TrialInfo) -> None:
+        tracker.feed(t)
+        callback.final_epochs[t.id] = t.config["epochs"]
+
+    source = TrialSource(
+        feed,
+        param=lambda ts: trial_param(ts, data_dir),
+        on_feed=on_feed,
+        limit=CHUNK_TRIALS,
+        control=control,
+        turn=turn,
+        pack=pack,
+    )
     storage = tempfile.mkdtemp(prefix=f"isosweep-tune-{sweep.id}-")
     try:
         tuner = tune.Tuner(
             tune.with_resources(run_trial, resources),
-            param_space={PARAM_KEY: tune.grid_search(params)},
             tune_config=tune.TuneConfig(
+                search_alg=source,
+                num_samples=-1,  # until the source says FINISHED
+                max_concurrent_trials=live_trials(spec.resources.cpu, spec.resources.gpu),
                 reuse_actors=True,  # a worker imports torch and loads a dataset once, not per trial
                 trial_name_creator=trial_name,
                 trial_dirname_creator=trial_name,
@@ -210,15 +537,23 @@ def _tune(
         callback.flush()
     finally:
         shutil.rmtree(storage, ignore_errors=True)
+    return source.ended
 
 
-def conclude(store: Store, sweep_id: int, runner_id: str, control: SweepControl) -> SweepInfo:
-    """Finish the sweep from its trials' statuses, unless this runner must leave it alone."""
+def conclude(
+    store: Store, sweep_id: int, runner_id: str, control: SweepControl, *, yielded: bool = False
+) -> SweepInfo:
+    """Finish the sweep from its trials' statuses, unless this runner must leave it alone (or
+    it gave its turn up: then it goes back to the queue, unless a cancel came meanwhile)."""
     if control.lost.is_set():
         return store.get_sweep(sweep_id)
     if control.stop.is_set() and not control.cancel.is_set():
         store.release_sweep(sweep_id, runner_id)
         log.info("sweep %d: stopped and released; the next runner resumes it", sweep_id)
+        return store.get_sweep(sweep_id)
+    if yielded and not store.is_cancel_requested(sweep_id):
+        store.release_sweep(sweep_id, runner_id)
+        log.info("sweep %d: back in the queue behind the sweep that waited", sweep_id)
         return store.get_sweep(sweep_id)
     try:
         info = store.finish_sweep(sweep_id)

@@ -35,32 +35,51 @@ from torch import Tensor
 
 from service.errors import InvalidInput
 from workers import nn
+from workers.models.base import Net
 
 F64 = torch.float64
 BATCH_NORMS = ("batch", "batch_scale")  # norms whose statistics couple the samples of a batch
 MAX_CHUNK_ENTRIES = 1 << 22  # float64 entries per chunk of vector–Jacobian products (≈ 32 MiB)
 
 
-def last_block_output(spec: nn.Spec, params: nn.Params, state: nn.State, X: Tensor) -> Tensor:
-    """h_L(X): the last block's output (n, d) — the activation for order norm_act, the norm
-    output for act_norm — with normalization on X's own statistics (mode "batch")."""
-    _, taps = nn.forward(spec, params, state, X, "batch", taps=True)
-    _, n, a = taps[-1]  # type: ignore[index]
-    return a if spec.order == "norm_act" else n
+def as_net(net: Net | nn.Spec) -> Net:
+    """A Net of workers/models; an MLP's nn.Spec is wrapped (networks built by hand)."""
+    if isinstance(net, nn.Spec):
+        from workers.models.mlp import MLPNet
+
+        return MLPNet.of_spec(net)
+    return net
+
+
+def _width_and_norm(net: Net) -> tuple[int, str]:
+    spec = getattr(net, "spec", None)  # MLPNet.of_spec has no config
+    if isinstance(spec, nn.Spec):
+        return spec.width, spec.norm
+    return net.config.width, net.config.norm
+
+
+def last_block_output(net: Net | nn.Spec, params: nn.Params, state: nn.State, X: Tensor) -> Tensor:
+    """h_L(X): the last block's output (n, d) — for the MLP the activation for order norm_act,
+    the norm output for act_norm; for resmlp the residual stream — with normalization on X's own
+    statistics (mode "batch")."""
+    _, taps = as_net(net).forward(params, state, X, "batch", taps=True)
+    assert taps is not None
+    return taps.outputs[-1]
 
 
 def _promoted(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().to(F64) for k, v in tensors.items()}
 
 
-def _chunk(spec: nn.Spec, n: int) -> int:
+def _chunk(net: Net, n: int) -> int:
     """Vector–Jacobian products per chunk: each carries (n, max(d, d_in)) float64 cotangents."""
-    per_product = n * max(spec.width, spec.d_in)
-    return max(1, min(spec.width, MAX_CHUNK_ENTRIES // per_product))
+    width = _width_and_norm(net)[0]
+    per_product = n * max(width, net.d_in)
+    return max(1, min(width, MAX_CHUNK_ENTRIES // per_product))
 
 
 def input_output_jacobian(
-    spec: nn.Spec, params: nn.Params, state: nn.State, X: Tensor, i: int
+    net: Net | nn.Spec, params: nn.Params, state: nn.State, X: Tensor, i: int
 ) -> Tensor:
     """J_i = ∂[h_L(X)]_i / ∂x_i (d, d_in), float64, the other samples of X held fixed.
 
@@ -70,22 +89,23 @@ def input_output_jacobian(
         X: the probe batch (n, d_in).
         i: the sample, 0 ≤ i < n.
     """
+    net = as_net(net)
     p, s, X = _promoted(params), _promoted(state), X.detach().to(F64)
-    coupled = spec.norm in BATCH_NORMS
+    coupled = _width_and_norm(net)[1] in BATCH_NORMS
 
     def output_of(xi: Tensor) -> Tensor:  # (d_in,) → (d,)
         if not coupled:
-            return last_block_output(spec, p, s, xi.unsqueeze(0))[0]
+            return last_block_output(net, p, s, xi.unsqueeze(0))[0]
         batch = torch.cat([X[:i], xi.unsqueeze(0), X[i + 1 :]])
-        return last_block_output(spec, p, s, batch)[i]
+        return last_block_output(net, p, s, batch)[i]
 
     n = len(X) if coupled else 1
     with torch.enable_grad():
-        return torch.func.jacrev(output_of, chunk_size=_chunk(spec, n))(X[i])
+        return torch.func.jacrev(output_of, chunk_size=_chunk(net, n))(X[i])
 
 
 def jacobian_singular_values(
-    spec: nn.Spec, params: nn.Params, state: nn.State, X: Tensor, k: int
+    net: Net | nn.Spec, params: nn.Params, state: nn.State, X: Tensor, k: int
 ) -> np.ndarray:
     """Singular values of J_i for the first k probe samples: float64 (k, m), m = min(d, d_in),
     each row descending. A Jacobian with a non-finite entry (a diverged network) gives a row of
@@ -100,10 +120,11 @@ def jacobian_singular_values(
             f"{k!r} probe samples: an integer from 0 to the probe batch size batch_size = {n}",
             field="jacobian_samples",
         )
-    m = min(spec.width, spec.d_in)
+    net = as_net(net)
+    m = min(_width_and_norm(net)[0], net.d_in)
     out = np.full((k, m), math.nan)
     for i in range(k):
-        J = input_output_jacobian(spec, params, state, X, i)
+        J = input_output_jacobian(net, params, state, X, i)
         if bool(torch.isfinite(J).all()):
             out[i] = torch.linalg.svdvals(J).cpu().numpy()
     return out

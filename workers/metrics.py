@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workers import nn
+from workers.models.base import Fit, Net
 
 # Matrices of one batched float64 call hold at most this many entries (≈ 128 MiB): a huge batch
 # cannot take the machine's memory.
@@ -81,8 +82,9 @@ def _is_zero(t: Tensor | None) -> bool:
 
 
 def support(H: Tensor) -> tuple[int, int]:
-    """How many rows and columns of H (n, d) are not all zero."""
-    nz = H != 0
+    """How many rows and columns of H (n, d) — or of a tap (n, ...) flattened to (n, d) — are
+    not all zero."""
+    nz = H.reshape(len(H), -1) != 0
     return int(nz.any(dim=1).sum()), int(nz.any(dim=0).sum())
 
 
@@ -136,21 +138,17 @@ def structures(
     p: nn.Params,
     x: Tensor,
     taps: list[tuple[Tensor, ...]],
-    counts: dict[int, tuple[int, int]] | None = None,
+    fit: Fit | None = None,
 ) -> list[tuple[Structure, ...]]:
-    """Per block, the Structure of its (Linear, norm, activation) outputs — the taps of
-    `nn.forward` — followed in the block's order, each refined by its own zero rows and columns
-    (`refine`) before it is carried on. Parameter values decide (β or b exactly 0?), not config
-    flags, so trained networks and non-zero bias inits are judged as they are. `counts`: the
-    `support` of taps already measured, by id()."""
+    """Per block of the MLP, the Structure of its (Linear, norm, activation) outputs — the taps
+    of `nn.forward` — followed in the block's order, each refined by its own zero rows and
+    columns (`fit`, default `refine`) before it is carried on. Parameter values decide (β or b
+    exactly 0?), not config flags, so trained networks and non-zero bias inits are judged as
+    they are."""
     n, d = x.shape[0], spec.width
     s = input_structure(x)
-    known = counts or {}
+    fit = fit or refine
     out = []
-
-    def fit(s: Structure, h: Tensor) -> Structure:
-        return refine(s, h, known.get(id(h)))
-
     for ell, (hz, hn, ha) in enumerate(taps, start=1):
         z = fit(_after_linear(s, n, d, p.get(f"b{ell}")), hz)
         if spec.order == "norm_act":
@@ -472,17 +470,76 @@ def _tap_gaps(
     return gap, rng
 
 
+def _runs(shapes: list[tuple[int, ...]]) -> list[slice]:
+    """Slices of 0..B−1 in order: the first and the last alone (an MLP's W_1 (d × d_in) and
+    head (C × d)), the rest in runs of equal shape (W_2..W_L)."""
+    B = len(shapes)
+    if B <= 2:
+        return [slice(i, i + 1) for i in range(B)]
+    out, lo = [slice(0, 1)], 1
+    for i in range(2, B):
+        if shapes[i] != shapes[lo] or i == B - 1:
+            out.append(slice(lo, i))
+            lo = i
+    out.append(slice(B - 1, B))
+    return [g for g in out if g.stop > g.start]
+
+
 def _weight_stacks(W: list[Tensor]) -> list[Tensor]:
-    """Equal-shape groups in block order — W_1 (d × d_in), W_2..W_L (d × d), W_head (C × d) —
-    each turned to its smaller side (W Wᵀ and Wᵀ W share their non-zero spectrum)."""
-    L = len(W) - 1
-    groups = [W[g] for g in (slice(0, 1), slice(1, L), slice(L, L + 1)) if W[g]]
-    stacks = [torch.stack(g) for g in groups]
+    """Equal-shape groups in block order (`_runs`) — for the MLP W_1 (d × d_in), W_2..W_L
+    (d × d), W_head (C × d) — each turned to its smaller side (W Wᵀ and Wᵀ W share their
+    non-zero spectrum). A kernel (out, in, k, k) counts as the matrix (out, in·k·k)."""
+    W = [w.reshape(w.shape[0], -1) for w in W]
+    stacks = [torch.stack(W[g]) for g in _runs([tuple(w.shape) for w in W])]
     return [s if s.shape[1] <= s.shape[2] else s.mT for s in stacks]
 
 
+def _grad_norms(grads: list[list[Tensor]]) -> Tensor:
+    """‖∂L/∂θ‖_F over each layer's listed weights (float64, NaN for a layer without any): one
+    stacked reduction per equal-shape run where every layer has one weight (the MLP)."""
+    if all(len(g) == 1 for g in grads):
+        flat = [g[0] for g in grads]
+        runs = _runs([tuple(g.shape) for g in flat])
+        return torch.cat([frobenius_norms(flat[r]) for r in runs])
+    device = next(t.device for g in grads for t in g)
+    return torch.stack(
+        [
+            torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in g]), dtype=F64)
+            if g
+            else torch.tensor(math.nan, dtype=F64, device=device)
+            for g in grads
+        ]
+    )
+
+
+def rms_and_mean_cosine(H: Tensor) -> tuple[float, float]:
+    """Of a representation H (n, ...): its root mean square over every entry (the "length" q of
+    mean-field theory: √(tr G/(n·d)) for the Gram G = HHᵀ of the flattened samples) and the mean
+    off-diagonal cosine similarity between its samples (the "correlation"), from
+    Σ_{i≠j} cos(h_i, h_j) = ‖Σ_i h_i/‖h_i‖‖² − k in O(nd). Samples that are exactly zero have no
+    direction and are left out (k counts the others); fewer than two → NaN. float64."""
+    M = H.detach().reshape(H.shape[0], -1).to(F64)
+    rms = float(torch.sqrt(M.square().mean()))
+    norms = torch.linalg.vector_norm(M, dim=1)
+    keep = norms != 0
+    k = int(keep.sum())
+    if k < 2:
+        return rms, math.nan
+    u = (M[keep] / norms[keep, None]).sum(dim=0)
+    return rms, float((u.square().sum() - k) / (k * (k - 1)))
+
+
+def _by_shape(H: list[Tensor]) -> list[tuple[list[int], Tensor, Tensor]]:
+    """Per distinct shape of the H[i] (n, d_i): its indices and `_supports` masks (one group
+    for an MLP, whose taps are all (n, d))."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, h in enumerate(H):
+        groups.setdefault(tuple(h.shape), []).append(i)
+    return [(idx, *_supports([H[i] for i in idx])) for idx in groups.values()]
+
+
 def probe_metrics(
-    spec: nn.Spec,
+    net: Net | nn.Spec,
     params: nn.Params,
     state: nn.State,
     x: Tensor,
@@ -490,7 +547,8 @@ def probe_metrics(
     *,
     spectra: bool = False,
 ) -> dict[str, np.ndarray | float]:
-    """The per-layer metrics of the network on the probe batch x (n, d_in), y (n,).
+    """The per-layer metrics of a network (a `Net` of workers/models, or an MLP's nn.Spec) on the
+    probe batch x (n, d_in), y (n,).
 
     As the papers measure (Meterez et al. 2024, Sec. 6): normalization layers use the probe
     batch's own statistics (train-mode behaviour), and ‖∂L/∂W_ℓ‖_F is the gradient of the mean
@@ -498,41 +556,69 @@ def probe_metrics(
     updated, gradients come from `torch.autograd.grad` on detached copies of the weights (so no
     `.grad` changes), and no optimizer is involved.
 
-    Returns the record fields "isometry_gap/<kind>" and "range_isometry_gap/<kind>" for kind in
-    linear, norm (absent for norm = "none"), act; "weight_isometry_gap", "grad_norm" — float64
-    arrays (L,), index 0 ↔ block 1 — and the floats "head_grad_norm", "head_weight_isometry_gap".
-    isometry_gap is +∞ where the network forces rank(H) < n (`structures`); range_isometry_gap
-    is the gap on the complement of that structural null space (equal elsewhere).
+    Returns the record fields "isometry_gap/<kind>" and "range_isometry_gap/<kind>" for each of
+    the net's kinds (MLP: linear, norm — absent for norm = "none" — and act), "weight_isometry_gap"
+    (of each block's first listed weight), "grad_norm" (over all of the block's listed weights),
+    "rms" and "mean_cosine" (of each block's output, `rms_and_mean_cosine`) — float64 arrays (L,),
+    index 0 ↔ block 1 — the floats "head_grad_norm", "head_weight_isometry_gap", and for nets
+    with tokens "token_isometry_gap", "token_cosine" (workers/token_metrics.py). isometry_gap
+    is +∞ where the network forces rank(H) < n (`Net.structures`); range_isometry_gap is the gap
+    on the complement of that structural null space (equal elsewhere). A tap's sample Gram is of
+    the tap reshaped (n, −1).
 
-    With spectra, also "spectrum/<kind>" (L, n) and "spectrum/weight" (L, min(out, in) of the
-    largest layer; NaN-padded for a first layer with fewer): every Gram's eigenvalues,
-    descending, unnormalized, as squared float64 singular values (the last n − d of an n > d
-    Gram are exact zeros).
+    With spectra, also "spectrum/<kind>" (L, n) and "spectrum/weight" (L, the largest
+    min(out, in)); NaN-padded for smaller ones): every Gram's eigenvalues, descending,
+    unnormalized, as squared float64 singular values (the last n − d of an n > d Gram are exact
+    zeros).
     """
-    L = spec.depth
-    names = [f"W{ell}" for ell in range(1, L + 1)] + ["W_head"]
+    if isinstance(net, nn.Spec):
+        from workers.models.mlp import MLPNet
+
+        net = MLPNet.of_spec(net)
+    L, n = net.depth, x.shape[0]
+    layer_weights = net.layer_weights()
+    names = [w for ws in layer_weights for w in ws] + [net.head_weight]
     p = {k: v.detach().requires_grad_(k in names) for k, v in params.items()}
     with torch.enable_grad():
-        logits, taps = nn.forward(spec, p, state, x, "batch", taps=True)
+        logits, taps = net.forward(p, state, x, "batch", taps=True)
         loss = F.cross_entropy(logits, y)
-        grads = torch.autograd.grad(loss, [p[k] for k in names])
-    kinds = ["linear", "norm", "act"] if spec.norm != "none" else ["linear", "act"]
-    slot = {"linear": 0, "norm": 1, "act": 2}
+        # a weight the loss does not reach (a registered model's unused one) has gradient 0
+        wrt = [p[k] for k in names]
+        g = torch.autograd.grad(loss, wrt, allow_unused=True, materialize_grads=True)
+        grads = dict(zip(names, g, strict=True))
+    assert taps is not None
+    kinds = list(net.kinds)
     # Deduplicated before detaching (which makes new objects): an identity σ returns its input.
-    uniq, where = _unique([t[slot[k]] for k in kinds for t in taps])  # kind-major, block-minor
-    H = [t.detach() for t in uniq]  # U × (n, d), stacked only in chunks
-    rows, cols = _supports(H)
-    counts = torch.stack([rows.sum(dim=1), cols.sum(dim=1)], dim=1).tolist()
-    forced = structures(
-        spec, p, x, taps, {id(t): tuple(c) for t, c in zip(uniq, counts, strict=True)}
-    )
-    kind_of = {w: forced[i % L][slot[kinds[i // L]]] for i, w in enumerate(where)}
-    gap, rng = _tap_gaps(H, [kind_of[j] for j in range(len(H))], (rows, cols))
+    uniq, where = _unique([t for k in kinds for t in taps.layers[k]])  # kind-major, block-minor
+    H = [t.detach().reshape(n, -1) for t in uniq]  # U × (n, d_k), stacked only in chunks
+    groups = _by_shape(H)  # zero rows and columns, counted once per tap
+    known: dict[int, tuple[int, int]] = {}
+    for members, rows, cols in groups:
+        counts = torch.stack([rows.sum(dim=1), cols.sum(dim=1)], dim=1).tolist()
+        known.update({id(uniq[i]): (c[0], c[1]) for i, c in zip(members, counts, strict=True)})
+
+    def fit(s: Structure, h: Tensor) -> Structure:
+        return refine(s, h, known.get(id(h)))
+
+    forced = net.structures(p, x, taps, fit)
+    kind_of = {w: forced[kinds[i // L]][i % L] for i, w in enumerate(where)}
+    gap = torch.empty(len(H), dtype=F64, device=x.device)
+    rng = torch.empty_like(gap)
+    for members, rows, cols in groups:
+        sub = torch.tensor(members, device=gap.device)
+        structs = [kind_of[i] for i in members]
+        gap[sub], rng[sub] = _tap_gaps([H[i] for i in members], structs, (rows, cols))
     idx = torch.tensor(where, device=gap.device)
-    W = [p[k].detach() for k in names]
-    wgap = torch.cat([weight_isometry_gaps(s) for s in _weight_stacks(W)]).cpu().numpy()
-    groups = [slice(0, 1), slice(1, L), slice(L, L + 1)]  # the middle one is empty when L = 1
-    gnorm = torch.cat([frobenius_norms(grads[g]) for g in groups if grads[g]]).cpu().numpy()
+    firsts = [ws[0] if ws else None for ws in layer_weights]
+    W = [p[k].detach() for k in firsts if k is not None] + [p[net.head_weight].detach()]
+    wgap_known = torch.cat([weight_isometry_gaps(s) for s in _weight_stacks(W)]).cpu().numpy()
+    wgap = np.full(L + 1, math.nan)
+    wgap[[i for i, k in enumerate(firsts) if k is not None] + [L]] = wgap_known
+    gnorm = (
+        _grad_norms([[grads[k] for k in ws] for ws in layer_weights] + [[grads[net.head_weight]]])
+        .cpu()
+        .numpy()
+    )
     out: dict[str, np.ndarray | float] = {}
     for name, values in (("isometry_gap", gap), ("range_isometry_gap", rng)):
         per_kind = values[idx].cpu().numpy().reshape(len(kinds), L)
@@ -541,25 +627,40 @@ def probe_metrics(
     out["grad_norm"] = gnorm[:L]
     out["head_grad_norm"] = float(gnorm[L])
     out["head_weight_isometry_gap"] = float(wgap[L])
+    pairs = [rms_and_mean_cosine(h) for h in taps.outputs]
+    out["rms"] = np.array([r for r, _ in pairs])
+    out["mean_cosine"] = np.array([c for _, c in pairs])
+    if taps.tokens is not None:
+        from workers.token_metrics import token_metrics
+
+        out.update(token_metrics([t.detach() for t in taps.tokens]))
     if spectra:
-        out.update(_spectra(H, idx, kinds, W[:L]))
+        out.update(_spectra(H, idx, kinds, [w for w in W[:-1]], L))
     return out
 
 
-def _spectra(H: list[Tensor], idx: Tensor, kinds: list[str], W: list[Tensor]) -> dict:
+def _spectra(H: list[Tensor], idx: Tensor, kinds: list[str], W: list[Tensor], L: int) -> dict:
     """The "spectrum/*" record fields of `probe_metrics`."""
     n = H[0].shape[0]
-    lam = torch.cat([spectra(c, n) for c in _stacked(H, list(range(len(H))))])
-    per_kind = lam[idx].cpu().numpy().reshape(len(kinds), len(W), n)
+    lam = torch.empty(len(H), n, dtype=F64, device=H[0].device)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, h in enumerate(H):
+        by_shape.setdefault(tuple(h.shape), []).append(i)
+    for group in by_shape.values():
+        lam[torch.tensor(group, device=lam.device)] = torch.cat(
+            [spectra(c, n) for c in _stacked(H, group)]
+        )
+    per_kind = lam[idx].cpu().numpy().reshape(len(kinds), L, n)
     out = {f"spectrum/{k}": v for k, v in zip(kinds, per_kind, strict=True)}
+    if not W:
+        return out
+    W = [w.reshape(w.shape[0], -1) for w in W]
     size = max(min(w.shape) for w in W)
     small = [w if w.shape[0] <= w.shape[1] else w.mT for w in W]
+    # W_1 alone, then runs of equal shape (`_runs` keeps its last slot for a head; a
+    # placeholder takes it, so W_L stays in the run of W_2..W_L as before the families)
+    runs = _runs([tuple(w.shape) for w in small] + [()])[:-1]
     out["spectrum/weight"] = (
-        torch.cat(
-            [spectra(w.unsqueeze(0), size) for w in small[:1]]
-            + ([spectra(torch.stack(small[1:]), size)] if len(small) > 1 else [])
-        )
-        .cpu()
-        .numpy()
+        torch.cat([spectra(torch.stack(small[r]), size) for r in runs]).cpu().numpy()
     )
     return out

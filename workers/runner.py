@@ -1,4 +1,5 @@
-"""The runner loop: claim the next queued sweep (priority, then age), drive it, repeat.
+"""The runner loop: claim the next queued sweep (priority, then the one that ran least recently:
+never-run sweeps oldest first), drive it, repeat.
 
     Runner(Store(url)).run_forever()     # what `isosweep runner` does
 
@@ -12,6 +13,11 @@ so that the next runner resumes it without waiting. A runner killed outright (SI
 sweep running under its lease instead: the next runner claims and resumes it once that lease has
 expired, minus the records that were still in flight (`isosweep serve`, which watches its runner,
 releases a dead runner's sweeps at once).
+
+Sweeps take turns: a sweep that has held the runner for `yield_after_s` (default
+workers.driver.YIELD_AFTER_S) while another of at least its priority waits stops handing out
+trials, lets the ones in flight finish, and goes back to the queue behind it; so a small sweep
+submitted behind a 100,000-trial one runs within about that long, and the big one resumes after.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 from service.errors import StorageError
 from service.store import Store, SweepInfo
 from workers.callbacks import Heartbeat, SweepControl, SweepProgress
-from workers.driver import init_ray, run_sweep
+from workers.driver import YIELD_AFTER_S, init_ray, run_sweep
 
 log = logging.getLogger("isosweep.runner")
 
@@ -52,6 +58,9 @@ class Runner:
         num_cpus, num_gpus: the size of a local instance (default: the machine's).
         progress: called with a SweepProgress after every trial event of a run (default
             `log_progress`: a log line per finished trial; `isosweep run` draws a bar).
+        yield_after_s: a sweep's turn: after this long, it gives the runner up to another
+            waiting sweep of at least its priority (run_sweep; not with run_once(sweep_id)).
+            None: never.
     """
 
     def __init__(
@@ -65,6 +74,7 @@ class Runner:
         num_cpus: int | None = None,
         num_gpus: int | None = None,
         progress: Callable[[SweepProgress], None] | None = None,
+        yield_after_s: float | None = YIELD_AFTER_S,
     ):
         self.store = store
         self.runner_id = runner_id or default_runner_id()
@@ -73,6 +83,7 @@ class Runner:
         self.ray_address = ray_address
         self.ray_size = {"num_cpus": num_cpus, "num_gpus": num_gpus}
         self.progress = progress or log_progress
+        self.yield_after_s = yield_after_s
         self.stopping = threading.Event()
         self.started_ray = False
         self.signals: SignalStop | None = None  # set while run_forever (or `isosweep run`) runs
@@ -84,8 +95,9 @@ class Runner:
             sweep_id: claim this sweep only (as `isosweep run` does), never another queued one.
 
         Returns:
-            The sweep as the run left it, or None when nothing was claimable (nothing queued;
-            or sweep_id is finished, or another runner holds it).
+            The sweep as the run left it (queued again when it gave its turn up to another
+            sweep), or None when nothing was claimable (nothing queued; or sweep_id is
+            finished, or another runner holds it).
         """
         if self.stopping.is_set():
             return None
@@ -107,6 +119,8 @@ class Runner:
                 progress=self.progress,
                 ray_address=self.ray_address,
                 control=control,
+                # `isosweep run` drives its own sweep to the end; this runner runs no other
+                yield_after_s=self.yield_after_s if sweep_id is None else None,
             )
 
     def hold(self, sweep_id: int, control: SweepControl, *, since: float) -> Heartbeat:

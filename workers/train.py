@@ -27,7 +27,7 @@ from torch import Tensor
 from service.config import TrialConfig, parse_trial_config
 from service.errors import InvalidInput
 from service.isometry import cosine_gram
-from workers import nn
+from workers import models, nn
 from workers.data import Dataset, load_dataset, normalize_inputs, subset
 from workers.jacobian import jacobian_singular_values
 from workers.metrics import probe_metrics
@@ -77,9 +77,9 @@ class Trial:
     def __init__(self, config: TrialConfig, *, device: str = "cpu", data_dir: Path | None = None):
         self.config = c = config
         self.device = torch.device(device)
-        self.spec = nn.make_spec(c)
-        data = load_dataset(c.dataset, data_dir)
-        if c.max_train_samples is not None:
+        self.net = models.build(c)
+        data = prepared_dataset(c, self.device, data_dir)
+        if c.max_train_samples is not None:  # rows of the prepared set (input_norm is per row)
             data = subset(data, c.max_train_samples, generator(c.seed, "subset"))
         if len(data.X_train) < c.batch_size:
             raise InvalidInput(
@@ -87,14 +87,11 @@ class Trial:
                 f"{c.dataset!r} (max_train_samples={c.max_train_samples})",
                 field="batch_size",
             )
-        dt = self.spec.dtype
-        X_train, X_test = (normalize_inputs(X.to(dt), c.input_norm) for X in data[::2])
-        data = Dataset(X_train, data.y_train, X_test, data.y_test)
-        self.data = Dataset(*(t.to(self.device) for t in data))
-        params = nn.init_params_of(self.spec, c, generator(c.seed, "init"))
+        self.data = data
+        params = self.net.init_params(generator(c.seed, "init"))
         self.params = {k: v.to(self.device).requires_grad_() for k, v in params.items()}
         self._state_buffer, self.state = flat_state(
-            nn.to_device(nn.init_state(self.spec), self.device)
+            nn.to_device(self.net.init_state(), self.device)
         )
         self.steps = 0  # optimizer steps taken; running statistics exist once it is > 0
         self._optimizer: torch.optim.Optimizer | None = None
@@ -106,6 +103,11 @@ class Trial:
         )
         self.shuffle = generator(c.seed, "shuffle")
         self.epoch0_rows = epoch0_rows(c, n)
+
+    @property
+    def spec(self) -> nn.Spec:
+        """The MLP's nn.Spec (model mlp only; other families have no Spec)."""
+        return self.net.spec  # type: ignore[attr-defined]
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -135,7 +137,7 @@ class Trial:
         for i in range(len(X) // bs):
             idx = perm[i * bs : (i + 1) * bs]
             saved = self._state_buffer.clone()
-            logits, _ = nn.forward(self.spec, self.params, self.state, X[idx], "train")
+            logits, _ = self.net.forward(self.params, self.state, X[idx], "train")
             loss = F.cross_entropy(logits, y[idx])
             losses.append(loss.item())  # the per-step divergence check needs the value anyway
             correct += (logits.argmax(dim=1) == y[idx]).sum()
@@ -157,7 +159,7 @@ class Trial:
         if not all_finite(list(self.params.values())):
             return False
         with torch.no_grad():
-            logits, _ = nn.forward(self.spec, self.params, self.state, x, "batch")
+            logits, _ = self.net.forward(self.params, self.state, x, "batch")
             return math.isfinite(F.cross_entropy(logits, y).item())
 
     def evaluate(self, X: Tensor, y: Tensor, mode: nn.Mode) -> tuple[float, float]:
@@ -168,15 +170,10 @@ class Trial:
         training; otherwise a sample's output does not depend on its batch-mates, and the forward
         runs in large chunks.
         """
-        per_batch = mode == "batch" and self.spec.norm in ("batch", "batch_scale")
-        size = self.config.batch_size if per_batch else EVAL_CHUNK
-        starts = list(range(0, len(X), size))
-        if len(starts) > 1 and len(X) - starts[-1] < size:
-            starts.pop()  # the short tail joins the last full batch
         loss, correct = 0.0, 0
         with torch.no_grad():
-            for lo, hi in zip(starts, [*starts[1:], len(X)], strict=True):
-                logits, _ = nn.forward(self.spec, self.params, self.state, X[lo:hi], mode)
+            for lo, hi in eval_chunks(self.config, len(X), mode):
+                logits, _ = self.net.forward(self.params, self.state, X[lo:hi], mode)
                 loss += F.cross_entropy(logits, y[lo:hi], reduction="sum").item()
                 correct += int((logits.argmax(dim=1) == y[lo:hi]).sum())
         return loss / len(X), correct / len(X)
@@ -192,8 +189,12 @@ class Trial:
         loss, acc = self.evaluate(X, y, "batch")
         return EpochStats(loss, acc, 0.0, not math.isfinite(loss))
 
-    def record(self, epoch: int, stats: EpochStats) -> dict[str, Any]:
+    def record(
+        self, epoch: int, stats: EpochStats, test: tuple[float, float] | None = None
+    ) -> dict[str, Any]:
         """The epoch record of docs/architecture.md: probe-batch metrics, test metrics, stats.
+        `test`: the test loss and accuracy if already evaluated (a pack evaluates its members
+        at once: workers/packed.py).
 
         Test metrics use BatchNorm's running statistics when eval_norm = "running" (torch's eval
         mode) or each test batch's own when "batch". Before the first step there are no running
@@ -203,7 +204,9 @@ class Trial:
         test set while training accuracy is high — the running statistics lag the weights. Both
         are recorded as what they are.
         """
-        test_loss, test_acc = self.evaluate(self.data.X_test, self.data.y_test, self.test_mode())
+        test_loss, test_acc = test or self.evaluate(
+            self.data.X_test, self.data.y_test, self.test_mode()
+        )
         rec: dict[str, Any] = {
             "epoch": epoch,
             "diverged": stats.diverged,
@@ -214,10 +217,10 @@ class Trial:
             "epoch_time_s": stats.time_s,
         }
         spectra = self.config.spectra
-        rec.update(probe_metrics(self.spec, self.params, self.state, *self.probe, spectra=spectra))
+        rec.update(probe_metrics(self.net, self.params, self.state, *self.probe, spectra=spectra))
         if self.config.jacobian_samples:  # σ(∂h_L(x_i)/∂x_i), i < k (workers/jacobian.py)
             rec["jacobian_singular_values"] = jacobian_singular_values(
-                self.spec, self.params, self.state, self.probe[0], self.config.jacobian_samples
+                self.net, self.params, self.state, self.probe[0], self.config.jacobian_samples
             )
         if epoch == 0:
             rec["input_gram"] = cosine_gram(self.probe[0].cpu().numpy(), zero="nan")
@@ -229,6 +232,45 @@ class Trial:
         """How test metrics normalize: eval_norm, except "batch" before any step (see record)."""
         running = self.config.eval_norm == "running" and self.steps > 0
         return "running" if running else "batch"
+
+
+_PREPARED: dict[tuple, Dataset] = {}
+PREPARED_KEEP = 2  # prepared sets kept per process (one per dataset × dtype × input_norm × device)
+
+
+def prepared_dataset(config: TrialConfig, device: torch.device, data_dir: Path | None) -> Dataset:
+    """The trial's dataset in its dtype, with its input_norm, on its device — shared by every
+    trial of the process that asks for the same (read-only: do not modify it)."""
+    key = (config.dataset, str(data_dir), config.dtype, config.input_norm, str(device))
+    if key not in _PREPARED:
+        data = load_dataset(config.dataset, data_dir)
+        dt = nn.DTYPES[config.dtype]
+        X_train, X_test = (normalize_inputs(X.to(dt), config.input_norm) for X in data[::2])
+        prepared = Dataset(X_train, data.y_train, X_test, data.y_test)
+        while len(_PREPARED) >= PREPARED_KEEP:
+            _PREPARED.pop(next(iter(_PREPARED)))
+        _PREPARED[key] = Dataset(*(t.to(device) for t in prepared))
+    return _PREPARED[key]
+
+
+def eval_chunks(config: TrialConfig, n: int, mode: nn.Mode) -> list[tuple[int, int]]:
+    """The [lo, hi) row ranges `Trial.evaluate` forwards at once: minibatches of batch_size
+    where normalization uses batch statistics (a short tail joins the last one), else chunks of
+    EVAL_CHUNK (a sample's output does not depend on its batch-mates)."""
+    per_batch = mode == "batch" and couples_batch(config)
+    size = config.batch_size if per_batch else EVAL_CHUNK
+    starts = list(range(0, n, size))
+    if len(starts) > 1 and n - starts[-1] < size:
+        starts.pop()  # the short tail joins the last full batch
+    return list(zip(starts, [*starts[1:], n], strict=True))
+
+
+def couples_batch(config: TrialConfig) -> bool:
+    """Whether a sample's output can depend on its batch-mates under batch statistics: the
+    batch norms, and any registered model (its modules are not known here)."""
+    from service.config import BUILTIN_MODELS
+
+    return config.norm in ("batch", "batch_scale") or config.model not in BUILTIN_MODELS
 
 
 def epoch0_rows(config: TrialConfig, n: int) -> Tensor | None:
@@ -287,6 +329,7 @@ def fit(
         config = parse_trial_config(dict(config))
     if threads is not None and threads < 1:
         raise InvalidInput(f"threads must be ≥ 1, not {threads}", field="threads")
+    set_cuda_precision(device)
     if threads is None:
         yield from _epochs(Trial(config, device=device, data_dir=data_dir))
         return
@@ -296,6 +339,19 @@ def fit(
         yield from _epochs(Trial(config, device=device, data_dir=data_dir))
     finally:
         torch.set_num_threads(before)
+
+
+def set_cuda_precision(device: str | torch.device) -> None:
+    """On CUDA, TF32 off for matmuls and convolutions unless Settings.allow_tf32
+    (ISOSWEEP_ALLOW_TF32): TF32 keeps 10 mantissa bits, which moves measured gaps and gradient
+    norms by ~1e-3 relative — a training-speed option, never the default for measurements."""
+    if torch.device(device).type != "cuda":
+        return
+    from service.settings import get_settings
+
+    allow = get_settings().allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    torch.backends.cudnn.allow_tf32 = allow
 
 
 def _epochs(trial: Trial) -> Iterator[dict[str, Any]]:

@@ -22,6 +22,8 @@ from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SPECTRUM_KEYS
 from service.errors import DataUnavailable, InvalidInput
 
 PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
+PACK_KEY = "pack"  # in PARAM_KEY's dict: the members of a pack (workers/packed.py)
+PACK_SIZE_KEY = "pack_size"  # a result's: how many trials its Tune trial runs
 # what from_transport keeps of a Tune result
 RESULT_KEYS = frozenset({*RECORD_KEYS, *METRICS, *SPECTRUM_KEYS})
 ARRAY_KEYS = frozenset({*LAYER_METRICS, "input_gram", "input_moments", *SPECTRUM_KEYS})
@@ -34,10 +36,19 @@ DETERMINISTIC = (InvalidInput, DataUnavailable)  # the errors no retry can cure
 MAX_TRACE_CHARS = 20_000  # of a deterministic error's traceback (its tail is kept)
 
 
+def members_of(param: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(trial id, config) of each trial a Tune trial runs: one, or a pack's members."""
+    if PACK_KEY in param:
+        return [(int(m["trial_id"]), m["config"]) for m in param[PACK_KEY]]
+    return [(int(param["trial_id"]), param["config"])]
+
+
 def run_trial(config: dict[str, Any]) -> None:
-    """Run one trial in a Ray worker: `config[PARAM_KEY]` is {"trial_id": int, "config": dict,
-    "data_dir": str | None}. Uses CUDA when Ray gave the trial a GPU, and as many torch threads as
-    it was given CPUs.
+    """Run one trial — or a pack of them (workers/packed.py) — in a Ray worker: `config[PARAM_KEY]`
+    is {"trial_id": int, "config": dict, "data_dir": str | None}, or for a pack {"pack":
+    [{"trial_id", "config"}, …], "data_dir"}. Every result carries its trial's id (TRIAL_KEY)
+    and the pack's size (PACK_SIZE_KEY). Uses CUDA when Ray gave the trial a GPU, and as many
+    torch threads as it was given CPUs.
 
     An error that another attempt would only repeat (`DETERMINISTIC`: bad input, missing data)
     is not raised, which would make Tune retry the trial: its last result carries the error
@@ -51,17 +62,21 @@ def run_trial(config: dict[str, Any]) -> None:
     import torch
     from ray import tune
 
-    from workers.train import fit
+    from workers.packed import fit_packed
 
     param = config[PARAM_KEY]
+    members = members_of(param)
     device = pick_device()
     torch.set_num_threads(assigned_threads())
+    size = len(members)
     try:
-        for record in fit(param["config"], device=device, data_dir=param.get("data_dir")):
-            tune.report(to_transport(record, trial_id=param["trial_id"], device=device))
+        configs = [c for _, c in members]
+        for i, record in fit_packed(configs, device=device, data_dir=param.get("data_dir")):
+            tune.report(to_transport(record, trial_id=members[i][0], device=device, pack=size))
     except DETERMINISTIC as exc:
         error = deterministic_error(exc)
-        tune.report({TRIAL_KEY: param["trial_id"], DEVICE_KEY: device, ERROR_KEY: error})
+        for tid, _ in members:
+            tune.report({TRIAL_KEY: tid, DEVICE_KEY: device, PACK_SIZE_KEY: size, ERROR_KEY: error})
 
 
 def deterministic_error(exc: BaseException) -> str:
@@ -99,10 +114,12 @@ def assigned_threads() -> int:
     return max(1, math.floor(cpus))
 
 
-def to_transport(record: dict[str, Any], *, trial_id: int, device: str) -> dict[str, Any]:
+def to_transport(
+    record: dict[str, Any], *, trial_id: int, device: str, pack: int = 1
+) -> dict[str, Any]:
     """An epoch record as plain Python values: arrays → (nested) lists of floats, numpy scalars
     → float/bool. Non-finite values stay what they are."""
-    out: dict[str, Any] = {TRIAL_KEY: trial_id, DEVICE_KEY: device}
+    out: dict[str, Any] = {TRIAL_KEY: trial_id, DEVICE_KEY: device, PACK_SIZE_KEY: pack}
     for key, value in record.items():
         if isinstance(value, np.ndarray):
             out[key] = value.astype(np.float64).tolist()

@@ -1,9 +1,12 @@
-"""`isosweep submit | status | cancel | results | plot`: the REST API's client (docs/api.md).
+"""`isosweep submit | status | cancel | results | plot | compare`: the REST API's client
+(docs/api.md).
 
     isosweep submit examples/demo.yaml --wait      # a progress bar until the sweep finishes
     isosweep status 3                              # counts, progress, ETA and the trials
     isosweep results 3 --metric grad_norm --layer 1 --epoch 0 --aggregate --csv -o grad.csv
     isosweep plot 3 depth_scaling --group-by init -o grad.png
+    isosweep compare 3 4 --metric grad_norm --kind depth_scaling -o fig.png   # one line a sweep
+    isosweep compare 3 4 --metric grad_norm --layer 1 --epoch last --aggregate  # one table
 
 The server is --api-url (default ISOSWEEP_API_URL, else http://127.0.0.1:8000); a token in
 ISOSWEEP_API_TOKEN is sent as `Authorization: Bearer …`. A server error prints its message in
@@ -49,9 +52,10 @@ class Api:
     """An httpx client for /api/v1 that turns every failure into a CommandError: the server's
     own message for an error answer, the URL for a server that cannot be reached."""
 
-    def __init__(self, url: str | None, *, timeout: float = 60.0):
+    def __init__(self, url: str | None, *, timeout: float = 60.0, where: Any = ()):
         import httpx
 
+        self.where = frozenset(where)  # the --where keys sent: their errors say --where KEY
         self.url = base_url(url)  # shared with isosweep.Client, like the token's header
         headers = auth_headers()
         self.client = httpx.Client(base_url=self.url + PREFIX, headers=headers, timeout=timeout)
@@ -66,7 +70,7 @@ class Api:
         with self.reaching():
             r = self.client.request(method, path, **kw)
         if r.status_code >= 400:
-            raise CommandError(error_message(r))
+            raise CommandError(error_message(r, self.where))
         return r
 
     def get(self, path: str, **kw: Any) -> Any:
@@ -77,7 +81,7 @@ class Api:
         with self.reaching(), self.client.stream("GET", path, params=params) as r:
             if r.status_code >= 400:
                 r.read()
-                raise CommandError(error_message(r))
+                raise CommandError(error_message(r, self.where))
             for chunk in r.iter_bytes():
                 sink.write(chunk)
             return r
@@ -97,10 +101,32 @@ class Api:
         return self.request(method, path, **kw).json()
 
 
-def error_message(r: Any) -> str:
+def error_message(r: Any, where: Any = ()) -> str:
     """The API's `{"error": {"type", "message", …}}` as one line (plain text: common.fail
-    prints it as given)."""
-    return str(ApiError.from_response(r))  # message (HTTP status), the token hint on a 401
+    prints it as given); an error about a config filter (a key of `where`, the --where
+    options sent) in the CLI's words (where_error)."""
+    error = ApiError.from_response(r)  # message (HTTP status), the token hint on a 401
+    field = (error.field or "").split(".")[0]
+    return str(where_error(error, field) if field and field in where else error)
+
+
+def where_error(error: ApiError, key: str) -> ApiError:
+    """A REST answer about the query parameter `key`, said of `--where key`: an unknown one
+    is "--where activaton: unknown config field; did you mean 'activation'? (allowed: the
+    config fields)", not the route's "unknown query parameter" and its parameter list."""
+    from service.config import FILTER_FIELDS
+    from service.errors import InvalidInput
+
+    option = f"--where {key}"
+    if error.message.startswith(f"{key}: unknown query parameter"):
+        message = InvalidInput(
+            "unknown config field", field=option, allowed=FILTER_FIELDS, given=key
+        ).message
+        allowed: list[str] | None = list(FILTER_FIELDS)
+    else:
+        message = f"--where {error.message}" if error.message.startswith(key) else error.message
+        allowed = error.allowed
+    return ApiError(message, status=error.status, type=error.type, field=option, allowed=allowed)
 
 
 # --- the sub-commands -------------------------------------------------------------------------
@@ -167,7 +193,47 @@ def register(subparsers) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE",
                    help="default sweep-SWEEP-KIND.FORMAT; - for stdout")  # fmt: skip
     p.add_argument("--format", choices=("png", "svg"), help="default from -o, else png")
+    p.add_argument("--stat", metavar="S", help="pool seeds by mean, geomean or median "
+                   "(default: geomean for a gap or gradient norm against depth or layer, else "
+                   "mean)")  # fmt: skip
+    p.add_argument("--band", metavar="B", help="ci, std, iqr or none (default ci; median: iqr)")
+    p.add_argument("--nonfinite", metavar="N", help="propagate (default) or exclude: drop "
+                   "NaN/±inf values of a point, counted in the figure")  # fmt: skip
+    p.add_argument("--xscale", metavar="S", help="auto (default), log or linear")
+    p.add_argument("--yscale", metavar="S", help="auto, log or linear (default: log for a gap "
+                   "or gradient norm against depth or layer, else auto)")  # fmt: skip
     p.set_defaults(func=plot)
+
+    p = subparsers.add_parser(
+        "compare",
+        parents=[common],
+        help="several sweeps in one table, or with --kind one figure",
+        description="The sweeps' tidy rows stacked with sweep_id and sweep, a label naming the "
+        'spec parameters that differ between them ("sweep 3 (norm=batch)"); with --kind, '
+        "one figure with a line per sweep (layer_profile, depth_scaling, training_curves).",
+    )
+    p.add_argument("sweeps", type=int, nargs="+", metavar="SWEEP", help="sweep ids (at most 8)")
+    p.add_argument("--kind", metavar="KIND", help="draw this plot kind instead of a table: "
+                   "layer_profile, depth_scaling or training_curves")  # fmt: skip
+    p.add_argument("--metric", action="append", metavar="M", help="a metric (repeatable)")
+    p.add_argument("--epoch", action="append", metavar="N|last", help="an epoch, or last "
+                   "(a figure: one)")  # fmt: skip
+    p.add_argument("--layer", action="append", type=int, metavar="L", help="a layer ℓ ≥ 1 "
+                   "(a figure: one, or −k from the end)")  # fmt: skip
+    p.add_argument("--where", action="append", metavar="K=V", help="config filter (repeatable)")
+    p.add_argument("--aggregate", action="store_true", help="table: mean and 95%% CI over seeds")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="table: CSV (every row)")
+    fmt.add_argument("--json", action="store_true", help="table: JSON {data, count, columns}")
+    p.add_argument("--limit", type=int, help="table: at most this many rows (default 50)")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here: a figure "
+                   "(default compare-3-4-KIND.FORMAT; - for stdout) or CSV")  # fmt: skip
+    p.add_argument("--x", help="figure: the x axis (depth_scaling: a numeric config field)")
+    p.add_argument("--group-by", help="figure: one line per value of (default: sweep)")
+    p.add_argument("--format", choices=("png", "svg"), help="figure: default from -o, else png")
+    for name, text in PLOT_OPTION_HELP.items():
+        p.add_argument(f"--{name}", metavar=name[0].upper(), help=f"figure: {text}")
+    p.set_defaults(func=compare)
 
 
 def submit(args: argparse.Namespace) -> int:
@@ -204,15 +270,44 @@ def read_spec(path: Path, *, rerun: bool) -> tuple[bytes, str]:
 
 
 def wait(api: Api, sweep: dict[str, Any], *, poll_s: float) -> dict[str, Any]:
-    """Poll the sweep until it finishes, with the sweep progress bar (api.cli.display) on
-    stderr: trials done/total, recorded epochs (as a share of those expected), the server's ETA."""
+    """Follow the sweep until it finishes, with the sweep progress bar (api.cli.display) on
+    stderr: trials done/total, recorded epochs (as a share of those expected), the server's ETA.
+    The server's events (GET /sweeps/{id}/events) move the bar; a server without them, or a
+    stream that breaks, is polled every `poll_s` seconds instead."""
     with SweepBar(sweep["id"]) as bar:
+        bar.show_sweep(sweep)
+        if SweepStatus(sweep["status"]).is_finished():
+            return sweep
+        final = follow_events(api, sweep["id"], bar)
+        if final is not None:
+            return final
         while True:
             bar.show_sweep(sweep)
             if SweepStatus(sweep["status"]).is_finished():
                 return sweep
             time.sleep(poll_s)
             sweep = api.json("GET", f"/sweeps/{sweep['id']}")
+
+
+def follow_events(api: Api, sweep_id: int, bar: SweepBar) -> dict[str, Any] | None:
+    """The sweep's events shown on `bar` until its `end` event: the final sweep; None when the
+    server has no event stream (an older one), refuses it (busy) or the stream breaks."""
+    import httpx
+
+    from isosweep.client import sse_events
+
+    try:
+        with api.client.stream("GET", f"/sweeps/{sweep_id}/events") as r:
+            if r.status_code != 200:
+                return None
+            for name, data in sse_events(r.iter_lines()):
+                if name in ("progress", "end"):
+                    bar.show_sweep(data)
+                if name == "end":
+                    return data
+    except (httpx.HTTPError, ValueError):  # a transport failure, a line that is not JSON
+        return None
+    return None
 
 
 def status(args: argparse.Namespace) -> int:
@@ -244,12 +339,17 @@ def cancel(args: argparse.Namespace) -> int:
 def results(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {**filters(args.where), "aggregate": str(args.aggregate).lower()}
     params |= {"metric": args.metric or [], "epoch": args.epoch or [], "layer": args.layer or []}
+    return table_or_file(args, f"/sweeps/{args.sweep}/metrics", params)
+
+
+def table_or_file(args: argparse.Namespace, path: str, params: dict[str, Any]) -> int:
+    """The rows of a metrics route (`path`) as a table, JSON, or CSV (--csv or -o FILE)."""
     kind = "json" if args.json else "csv" if args.csv or args.output else "table"
     if kind == "csv":
-        return save_csv(args, {**params, "format": "csv"})
+        return save_csv(args, {**params, "format": "csv"}, path)
     limit = args.limit or (TABLE_ROWS if kind == "table" else None)
-    with Api(args.api_url, timeout=args.timeout) as api:
-        page = fetch_rows(api, args.sweep, params, limit)
+    with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
+        page = fetch_rows(api, path, params, limit)
     if kind == "json":
         text = json.dumps(page, ensure_ascii=False)
         if args.output:
@@ -262,12 +362,63 @@ def results(args: argparse.Namespace) -> int:
     return 0
 
 
+PLOT_OPTION_HELP = {  # compare's figure options, worded as plot's
+    "stat": "mean, geomean or median (default: geomean for a gap or gradient norm against "
+    "depth or layer, else mean)",
+    "band": "ci, std, iqr or none (default ci; median: iqr)",
+    "nonfinite": "propagate (default) or exclude",
+    "xscale": "auto (default), log or linear",
+    "yscale": "auto, log or linear (default: log for a gap or gradient norm against depth or "
+    "layer, else auto)",
+}
+
+
+def compare(args: argparse.Namespace) -> int:
+    """A table of the sweeps' rows (GET /compare/metrics), or with --kind a figure (GET
+    /compare/plots/KIND)."""
+    sweeps = {"sweep": args.sweeps}
+    if args.kind is None:
+        figure_only = [f"--{k.replace('_', '-')}" for k in ("x", "group_by", "format",
+                       *PLOT_OPTION_HELP) if getattr(args, k) is not None]  # fmt: skip
+        if args.output and args.output.suffix.lower() in (".png", ".svg"):
+            figure_only.append(f"-o {args.output}")
+        if figure_only:
+            raise CommandError(f"{', '.join(figure_only)} draw a figure: add --kind KIND", code=2)
+        params: dict[str, Any] = {**sweeps, **filters(args.where)}
+        params |= {"aggregate": str(args.aggregate).lower(), "metric": args.metric or []}
+        params |= {"epoch": args.epoch or [], "layer": args.layer or []}
+        return table_or_file(args, "/compare/metrics", params)
+    if args.aggregate or args.csv or args.json or args.limit:
+        raise CommandError("--aggregate, --csv, --json and --limit make a table: drop --kind",
+                           code=2)  # fmt: skip
+    for name in ("epoch", "layer"):
+        if len(getattr(args, name) or []) > 1:
+            raise CommandError(f"a figure shows one --{name}", code=2)
+    fmt = args.format or ("svg" if args.output and args.output.suffix.lower() == ".svg" else "png")
+    params = {**sweeps, **filters(args.where), "format": fmt, "metric": args.metric or []}
+    given = {"x": args.x, "group_by": args.group_by, "epoch": (args.epoch or [None])[0],
+             "layer": (args.layer or [None])[0]}  # fmt: skip
+    given |= {k: getattr(args, k) for k in PLOT_OPTION_HELP}
+    params |= {k: v for k, v in given.items() if v is not None}
+    with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
+        image = api.get(f"/compare/plots/{args.kind}", params=params).content
+    if str(args.output) == "-":
+        sys.stdout.buffer.write(image)
+        return 0
+    ids = "-".join(str(s) for s in dict.fromkeys(args.sweeps))
+    path = args.output or Path(f"compare-{ids}-{args.kind}.{fmt}")
+    path.write_bytes(image)
+    out.print(f"wrote {escape(str(path))} ({len(image):,} bytes, {fmt})")
+    return 0
+
+
 def plot(args: argparse.Namespace) -> int:
     fmt = args.format or ("svg" if args.output and args.output.suffix.lower() == ".svg" else "png")
     params: dict[str, Any] = {**filters(args.where), "format": fmt, "metric": args.metric or []}
     given = {"x": args.x, "group_by": args.group_by, "epoch": args.epoch, "layer": args.layer}
+    given |= {k: getattr(args, k) for k in ("stat", "band", "nonfinite", "xscale", "yscale")}
     params |= {k: v for k, v in {**given, "trial": args.trial}.items() if v is not None}
-    with Api(args.api_url, timeout=args.timeout) as api:
+    with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
         image = api.get(f"/sweeps/{args.sweep}/plots/{args.kind}", params=params).content
     if str(args.output) == "-":
         sys.stdout.buffer.write(image)
@@ -282,7 +433,8 @@ def plot(args: argparse.Namespace) -> int:
 
 
 def filters(items: list[str] | None) -> dict[str, list[str]]:
-    """--where k=v … → {k: [v, …]} (the API validates the fields and values)."""
+    """--where k=v … → {k: [v, …]} (the API validates the fields and values; Api says its
+    errors about them in the option's words, where_error)."""
     out_: dict[str, list[str]] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -292,30 +444,32 @@ def filters(items: list[str] | None) -> dict[str, list[str]]:
     return out_
 
 
-def fetch_rows(api: Api, sweep_id: int, params: dict[str, Any], limit: int | None) -> dict:
-    """JSON rows, page by page, up to `limit`. Every page makes the server read the sweep's
+def fetch_rows(api: Api, path: str | int, params: dict[str, Any], limit: int | None) -> dict:
+    """JSON rows of a metrics route (`path`, or a sweep id: its /metrics), page by page, up to
+    `limit`. Every page makes the server read the sweep's
     frame again, so without a limit the pages are the route's largest (MAX_JSON_ROWS)."""
     if limit is None:
         from api.routes.metrics import MAX_JSON_ROWS as size  # here: it imports the routes
     else:
         size = JSON_PAGE_ROWS
+    if isinstance(path, int):
+        path = f"/sweeps/{path}/metrics"
     rows: list[dict] = []
     while True:
         want = size if limit is None else min(size, limit - len(rows))
-        page = api.json("GET", f"/sweeps/{sweep_id}/metrics",
-                        params={**params, "offset": len(rows), "limit": want})  # fmt: skip
+        page = api.json("GET", path, params={**params, "offset": len(rows), "limit": want})
         rows += page["data"]
         full = len(rows) >= page["count"] or (limit is not None and len(rows) >= limit)
         if full or not page["data"]:
             return {"data": rows, "count": page["count"], "columns": page["columns"]}
 
 
-def save_csv(args: argparse.Namespace, params: dict[str, Any]) -> int:
-    """Stream the API's CSV (every row, or --limit) to -o FILE or stdout."""
+def save_csv(args: argparse.Namespace, params: dict[str, Any], path: str) -> int:
+    """Stream the API's CSV of a metrics route (`path`; every row, or --limit) to -o FILE or
+    stdout."""
     if args.limit:
         params["limit"] = args.limit
-    path = f"/sweeps/{args.sweep}/metrics"
-    with Api(args.api_url, timeout=args.timeout) as api:
+    with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
         if not args.output:
             api.download(path, params, sys.stdout.buffer)
             sys.stdout.flush()

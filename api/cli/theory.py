@@ -1,4 +1,13 @@
-"""`isosweep theory`: Hermite coefficients, isometry strength β and mean-field gap predictions."""
+"""`isosweep theory`: Hermite coefficients, isometry strength β and mean-field gap predictions.
+
+    isosweep theory tanh --gain 1.5                      # coefficients and β of σ(1.5·x)
+    isosweep theory tanh --depth 20 --input-gram g.npy   # the mean-field gap at blocks 1..20
+    isosweep theory --trial 12                           # the same from a stored trial
+
+Coefficients below the quadrature's accuracy (COEFFICIENT_ACCURACY·‖σ‖, ‖σ‖² = E σ(αX)²;
+service.theory.hermite_coefficients is accurate to ~1e-15·‖σ‖) print as 0: they are zero up
+to rounding (the odd ones of relu beyond c₁, the even ones of tanh).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +20,10 @@ from rich.markup import escape
 
 from api.cli.common import CommandError, out
 from service.errors import InvalidInput
+
+# |cₖ| below this fraction of ‖σ‖ is rounding: ten times the documented 1e-15 accuracy of
+# service.theory.hermite_coefficients (docs/science.md, "Hermite coefficients").
+COEFFICIENT_ACCURACY = 1e-14
 
 
 def register(subparsers) -> None:
@@ -27,10 +40,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("activation", nargs="?", help="a registered activation, or `list`")
     p.add_argument("--list", action="store_true", help="every registered activation with its β")
-    p.add_argument("--gain", type=float, default=1.0, help="input gain α (default 1)")
+    p.add_argument("--gain", type=float, help="input gain α (default 1; --trial: its own)")
     p.add_argument("--terms", type=int, default=20, help="highest coefficient index K (default 20)")
     p.add_argument("--json", action="store_true", help="print JSON (NaN/±inf as strings)")
-    p.add_argument("--depth", type=int, help="predict the gap at blocks 1..L (needs a Gram)")
+    p.add_argument("--depth", type=int, help="predict the gap at blocks 1..L (needs a Gram; "
+                   "--trial: its depth unless given)")  # fmt: skip
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--input-gram", type=Path, metavar="FILE", help="(n, n) input Gram: .npy, .csv or .json"
@@ -38,7 +52,15 @@ def register(subparsers) -> None:
     src.add_argument(
         "--inputs", type=Path, metavar="FILE", help="(n, d) input batch: .npy, .csv or .json"
     )
-    p.add_argument("--gain-exponent", type=float, default=0.0, help="p: α_ℓ = α·ℓ^(−p) (default 0)")
+    src.add_argument(
+        "--trial",
+        type=int,
+        metavar="ID",
+        help="a stored trial: its input Gram (recorded with epoch 0), input moments, depth, "
+        "activation, gains and centering (from --database-url)",
+    )
+    p.add_argument("--database-url", help="the store of --trial (default ISOSWEEP_DATABASE_URL)")
+    p.add_argument("--gain-exponent", type=float, help="p: α_ℓ = α·ℓ^(−p) (default 0)")
     p.add_argument(
         "--stage", default="norm", help="Gram of which sub-layer: linear, act, norm (default)"
     )
@@ -72,10 +94,84 @@ def load_matrix(path: Path, field: str) -> np.ndarray:
     )
 
 
-def _prediction(args: argparse.Namespace) -> dict | None:
+def _trial_inputs(args: argparse.Namespace) -> dict:
+    """What --trial ID sets: the trial's activation, depth, gain and centering, its stored
+    input Gram and moments turned into the first layer's covariance
+    (service.plots.stored.theory_inputs: the gain is α·g·√s of the init, as the theory overlay
+    uses it). Flags given beside --trial must agree with the trial, except --depth and --stage.
+
+    Raises:
+        InvalidInput: a flag that contradicts the trial, or a trial without a stored Gram.
+        NotFound: no trial with this id.
+    """
+    from api.cli.run import open_store
+    from service.plots.stored import THEORY_SETTING, theory_inputs
+
+    store = open_store(args.database_url)
+    try:
+        trial = store.get_trial(args.trial)
+        gram = store.input_gram(trial.id)
+        moments = store.input_moments(trial.id)
+    finally:
+        store.close()
+    c = trial.config
+    if gram is None:
+        raise InvalidInput(
+            f"trial {trial.id} has no input Gram stored yet (it is recorded with epoch 0)",
+            field="trial",
+        )
+    given = {"activation": args.activation, "gain": args.gain,
+             "gain_exponent": args.gain_exponent}  # fmt: skip
+    own = {"activation": c["activation"], "gain": c["activation_gain"],
+           "gain_exponent": c["gain_exponent"]}  # fmt: skip
+    for name, value in given.items():
+        if value is not None and value != own[name]:
+            raise InvalidInput(
+                f"{value!r} differs from trial {trial.id}'s {own[name]!r}; leave it out",
+                field=name,
+            )
+    if args.uncentered and c["norm"] != "layer_scale":
+        raise InvalidInput(f"trial {trial.id} has norm {c['norm']!r}", field="uncentered")
+    gain, cov, variances = theory_inputs(c, gram, moments)
+    off = [f"{f}={c.get(f)}" for f, ok in THEORY_SETTING.items() if c.get(f) not in ok]
+    return {
+        "trial": trial.id,
+        "sweep": trial.sweep_id,
+        "activation": c["activation"],
+        "depth": c["depth"],
+        "gain": gain,
+        "activation_gain": c["activation_gain"],
+        "init_gain": c["init_gain"],
+        "init": c["init"],
+        "norm": c["norm"],
+        "gain_exponent": c["gain_exponent"],
+        "centered": c["norm"] != "layer_scale",
+        "gram": cov,
+        "input_variances": variances,
+        "outside_theorem": off,  # the theorem assumes THEORY_SETTING; this trial has these
+    }
+
+
+def _prediction(args: argparse.Namespace, trial: dict | None = None) -> dict | None:
     from service import theory
     from service.isometry import isometry_gap
 
+    if trial is not None:
+        depth = args.depth or trial["depth"]
+        kw = {"gain": trial["gain"], "gain_exponent": trial["gain_exponent"]}
+        gaps = theory.mean_field_gaps(
+            trial["activation"], depth, trial["gram"], **kw, stage=args.stage,
+            centered=trial["centered"], input_variances=trial["input_variances"],
+        )  # fmt: skip
+        return {
+            "depth": depth,
+            "stage": args.stage,
+            "centered": trial["centered"],
+            "gain_exponent": trial["gain_exponent"],
+            "gains": theory.layer_gains(trial["gain"], trial["gain_exponent"], depth),
+            "input_gap": isometry_gap(theory.unit_gram(trial["gram"])),
+            "gaps": gaps,
+        }
     if args.depth is None:
         if args.input_gram or args.inputs:
             raise InvalidInput("an input Gram needs --depth L", field="depth")
@@ -105,6 +201,9 @@ def run_theory(args: argparse.Namespace) -> int:
     from service import theory
     from service.jsonfmt import dumps
 
+    if args.trial is None:  # --trial's own gains unless given
+        args.gain = 1.0 if args.gain is None else args.gain
+        args.gain_exponent = 0.0 if args.gain_exponent is None else args.gain_exponent
     if args.list or args.activation == "list":
         rows = theory.registry_summary(args.gain, args.terms)
         if args.json:
@@ -112,15 +211,23 @@ def run_theory(args: argparse.Namespace) -> int:
         else:
             out.print(_registry_table(rows))
         return 0
-    if not args.activation:
-        raise CommandError("name an activation, or use --list", code=2)
-    summary = theory.activation_summary(args.activation, args.gain, args.terms)
-    prediction = _prediction(args)
+    trial = _trial_inputs(args) if args.trial is not None else None
+    if trial is None and not args.activation:
+        raise CommandError("name an activation, or use --list (or --trial ID)", code=2)
+    name = trial["activation"] if trial else args.activation
+    summary = theory.activation_summary(name, trial["gain"] if trial else args.gain, args.terms)
+    summary["coefficients"] = shown_coefficients(summary["coefficients"], summary["moments"])
+    prediction = _prediction(args, trial)
+    if trial is not None:
+        summary["trial"] = {k: v for k, v in trial.items()
+                            if k not in ("gram", "input_variances")}  # fmt: skip
     if prediction is not None:
         summary["mean_field"] = prediction
     if args.json:
         print(dumps(summary))
         return 0
+    if trial is not None:
+        out.print(_trial_text(summary["trial"]))
     out.print(_summary_text(summary))
     out.print(_coefficient_table(summary["coefficients"]))
     if prediction is not None:
@@ -128,7 +235,31 @@ def run_theory(args: argparse.Namespace) -> int:
     return 0
 
 
+def shown_coefficients(coefficients: list[float], moments: dict[str, float]) -> list[float]:
+    """cₖ with those below the quadrature's accuracy, |cₖ| < COEFFICIENT_ACCURACY·‖σ‖
+    (‖σ‖ = √E σ(αX)²), set to 0.0: rounding, not a coefficient."""
+    scale = float(np.sqrt(moments["mean_square"]))
+    floor = COEFFICIENT_ACCURACY * scale if np.isfinite(scale) else 0.0
+    return [0.0 if abs(c) < floor else c for c in coefficients]
+
+
 # ------------------------------------------------------------------------------------ rendering
+
+
+def _trial_text(t: dict) -> str:
+    lines = [
+        f"[bold]trial {t['trial']}[/] of sweep {t['sweep']}: {t['activation']}, depth "
+        f"{t['depth']}, norm {escape(str(t['norm']))}, init {escape(str(t['init']))}",
+        f"gain α·g·√s = {t['gain']:.6g} (α = {t['activation_gain']:g}, g = {t['init_gain']:g}), "
+        f"gain exponent p = {t['gain_exponent']:g}; the stored input Gram and moments",
+    ]
+    if t["outside_theorem"]:
+        lines.append(
+            "[yellow]the theorem assumes norm layer/layer_scale, order act_norm; this trial has "
+            + escape(", ".join(t["outside_theorem"]))
+            + "[/]"
+        )
+    return "\n".join(lines)
 
 
 def _registry_table(rows: list[dict]):
@@ -166,7 +297,7 @@ def _coefficient_table(coefficients: list[float]):
     t.add_column("k", justify="right")
     t.add_column("cₖ", justify="right")
     for k, c in enumerate(coefficients):
-        t.add_row(str(k), f"{c: .12e}")
+        t.add_row(str(k), f"{c: .12e}" if c != 0.0 else "0")
     return t
 
 

@@ -5,6 +5,7 @@ changed parts of the page in place. Nothing is loaded from another host (see CSP
     /                 sweeps: status, trial counts, progress, ETA
     /sweeps/{id}      one sweep: header, plots, downloads, trials table (filter, sort, pages)
     /trials/{id}      one trial: config, last epoch's metrics, its plots
+    /compare?sweep=3&sweep=4   several sweeps: their labels, one figure, the CSV
     /static/…         dashboard.css, dashboard.js
 """
 
@@ -24,9 +25,10 @@ from api.dashboard import views as v
 from api.errors import printable, status_of
 from api.routes.deps import INT32_MAX
 from service import __version__
-from service.config import METRICS, SCALAR_METRICS
+from service.config import METRICS, SCALAR_METRICS, TrialConfig
 from service.errors import InvalidInput, IsosweepError, NotFound
-from service.plots import PLOT_KINDS
+from service.models import layer_metrics
+from service.plots import METRIC_LABELS, PLOT_KINDS
 from service.store import Store, TrialInfo
 from service.store.models import SWEEP_STATUSES
 
@@ -186,6 +188,47 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
     )
 
 
+@router.get("/compare", response_class=HTMLResponse)
+@shown
+def compare_page(request: Request) -> HTMLResponse:
+    """Several sweeps (the index page's checkboxes, or ids typed there): what tells them
+    apart, one figure with a line per sweep, and their rows as CSV."""
+    from service.plots.compare import COMPARE_KINDS, differing_fields, sweep_labels
+
+    store = request.app.state.store
+    query = query_of(request)
+    ids = v.compare_ids(query)
+    sweeps = [store.get_sweep(i) for i in ids]
+    specs = {s.id: s.spec for s in sweeps}
+    plot = v.compare_choice(query)
+    swept = list(dict.fromkeys(a for s in sweeps for a in v.axes(s.spec) if a != "seed"))
+    base = f"{v.API}/compare/metrics"
+    csv = {"sweep": ids, "format": "csv"}
+    links = [
+        ("every metric, every epoch (CSV)", v.url(base, csv)),
+        ("last epoch of each trial (CSV)", v.url(base, {**csv, "epoch": "last"})),
+        ("mean, std, 95% CI over seeds (CSV)", v.url(base, {**csv, "aggregate": True})),
+    ]
+    if metric := plot.get("metric"):
+        links.append((f"{metric} only (CSV)", v.url(base, {**csv, "metric": metric})))
+    return render(
+        "compare.html",
+        title=f"sweeps {', '.join(map(str, ids))} compared",
+        ids=ids,
+        sweeps=sweeps,
+        labels=sweep_labels(specs),
+        differing=differing_fields(specs),
+        plot=plot,
+        kinds=COMPARE_KINDS,
+        takes=v.PLOT_TAKES,
+        metrics=METRICS,
+        group_by=["epoch", *swept],
+        plot_src=v.compare_plot_url(ids, plot),
+        plot_png=v.compare_plot_url(ids, plot, fmt="png"),
+        downloads=links,
+    )
+
+
 @router.get("/trials/{trial_id}", response_class=HTMLResponse)
 @shown
 def trial_page(request: Request, trial_id: str) -> HTMLResponse:
@@ -195,10 +238,14 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
     sweep = store.get_sweep(trial.sweep_id)
     swept = v.axes(sweep.spec)
     own = {k: trial.config.get(k) for k in swept}  # its point of the sweep: selects it alone
+    recorded = recorded_layer_metrics(trial.config)
     plots = [
-        {"kind": "layer_profile", "metric": "isometry_gap/act"},
-        {"kind": "layer_profile", "metric": "grad_norm"},
-        {"kind": "training_curves"},
+        {
+            "src": v.plot_url(sweep.id, p, trial=trial.id),
+            "full": v.plot_url(sweep.id, p, trial=trial.id, fmt="png"),
+            "alt": f"{p.get('metric', 'training curves')} of trial {trial.id}",
+        }
+        for p in trial_plots(recorded, trial.config)
     ]
     return render(
         "trial.html",
@@ -208,13 +255,48 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
         swept=swept,
         config=sorted(trial.config.items(), key=lambda kv: (kv[0] not in swept, kv[0])),
         scalars=[(m, trial.summary.get(m)) for m in SCALAR_METRICS],
-        plots=[v.plot_url(sweep.id, p, trial=trial.id) for p in plots],
+        plots=plots,
+        init_only=trial.config.get("epochs") == 0,
+        recorded=[
+            (
+                m,
+                METRIC_LABELS.get(m, m),
+                v.plot_url(sweep.id, {"kind": "layer_profile", "metric": m}, trial=trial.id),
+            )
+            for m in recorded
+        ],
         csv=v.url(f"{v.API}/sweeps/{sweep.id}/metrics", {**own, "format": "csv"}),
         active=trial.status in v.ACTIVE,
     )
 
 
 # --- parts ------------------------------------------------------------------------------------
+
+# The isometry gap a trial page draws first: the activation's (MLP, CNN), else the residual
+# stream's (ResMLP has both; a transformer only the stream and its sublayers), else the first.
+GAP_PREFERENCE = ("isometry_gap/act", "isometry_gap/residual")
+
+
+def recorded_layer_metrics(config: dict[str, Any]) -> tuple[str, ...]:
+    """The per-layer metrics a trial's model records (service.models.layer_metrics), in
+    LAYER_METRICS' order; a stored config that no longer validates gets the MLP's."""
+    try:
+        return layer_metrics(TrialConfig.model_validate(config))
+    except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
+        return layer_metrics(TrialConfig())
+
+
+def trial_plots(recorded: tuple[str, ...], config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trial page's plots, one per row: its isometry gap and gradient norm over layers, the
+    token gap for a transformer, and the training curves unless it is init-only (epochs 0, whose
+    page says so instead of drawing an axes with one point)."""
+    gaps = [m for m in recorded if m.startswith("isometry_gap/")]
+    gap = next((m for m in GAP_PREFERENCE if m in gaps), gaps[0] if gaps else None)
+    chosen = [m for m in (gap, "grad_norm", "token_isometry_gap") if m and m in recorded]
+    plots: list[dict[str, Any]] = [{"kind": "layer_profile", "metric": m} for m in chosen]
+    if config.get("epochs") != 0:
+        plots.append({"kind": "training_curves"})
+    return plots
 
 
 def sort_header(

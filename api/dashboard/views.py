@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 from markupsafe import Markup, escape
 
-from service.config import CONFIG_FIELDS, METRICS
+from service.config import FILTER_FIELDS, METRICS
 from service.errors import InvalidInput
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
 from service.plots.defaults import default_metric
@@ -29,10 +29,10 @@ API = "/api/v1"
 
 # The optional parameters each plot kind reads that a page can set (the others are an error).
 PLOT_TAKES: dict[str, tuple[str, ...]] = {
-    kind: tuple(p for p in ("x", "group_by", "epoch", "layer") if p in takes)
+    kind: tuple(p for p in ("x", "group_by", "epoch", "layer", "stat", "yscale") if p in takes)
     for kind, takes in PLOT_PARAMETERS.items()
 }
-PLOT_OPTIONS = ("metric", "x", "group_by", "epoch", "layer")
+PLOT_OPTIONS = ("metric", "x", "group_by", "epoch", "layer", "stat", "yscale")
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -175,7 +175,7 @@ def table_query(query: Mapping[str, list[str]], axis_names: list[str]) -> TableQ
     direction = param(query, "dir") or "asc"
     if direction not in ("asc", "desc"):
         raise InvalidInput(f"unknown value {direction!r}", field="dir", allowed=("asc", "desc"))
-    where = {k: [v for v in query[k] if v != ""] for k in CONFIG_FIELDS if k in query}
+    where = {k: [v for v in query[k] if v != ""] for k in FILTER_FIELDS if k in query}
     where = {k: v for k, v in where.items() if v}
     return TableQuery(status, where, sort, direction == "desc", page_number(query))
 
@@ -253,12 +253,8 @@ def default_plot(kind: str | None, swept: Mapping[str, list[Any]], spec: Mapping
         choice |= {"x": x} if x != "depth" else {}
         others = [a for a in names if a != x]
         choice |= {"group_by": others[0]} if others else {}
-    elif kind == "layer_profile":
+    elif kind in ("layer_profile", "heatmap"):  # a heatmap's axes: default_axes, from the spec
         choice["metric"] = default_metric(kind, spec)
-    elif kind == "heatmap":  # a cell holds one configuration: the axes take the swept fields
-        choice["metric"] = default_metric(kind, spec)
-        if names:
-            choice |= {"x": names[0], "group_by": names[1] if len(names) > 1 else "layer"}
     elif kind == "theory_overlay":
         choice["metric"] = default_metric(kind, spec)  # the REST route's default too
     return choice
@@ -302,3 +298,57 @@ def plot_options(axis_names: list[str]) -> dict[str, list[str]]:
     """The values the plot form offers for x and group_by."""
     fields = [a for a in axis_names if a != "seed"]
     return {"x": ["layer", "epoch", *fields], "group_by": ["epoch", *fields]}
+
+
+# --- comparing sweeps -------------------------------------------------------------------------
+
+COMPARE_OPTIONS = ("metric", "group_by", "epoch", "layer", "stat", "yscale")
+
+
+def compare_ids(query: Mapping[str, list[str]]) -> list[int]:
+    """The compared sweeps: repeated `sweep` (the index page's checkboxes: oldest first) and
+    the ids typed in `sweeps` ("3 4" or "3, 4"; in the order typed), each once.
+
+    Raises:
+        InvalidInput: an id that is not a number (field `sweeps`), or service.plots.compare's
+            check (none, or too many).
+    """
+    from service.plots.compare import check_sweep_ids
+
+    ticked = query.get("sweep") or []
+    texts = sorted(ticked, key=lambda t: (len(t), t))  # numeric order of digit strings
+    for typed in query.get("sweeps") or []:
+        texts += typed.replace(",", " ").split()
+    ids = []
+    for t in texts:
+        t = t.strip()
+        if not t.isascii() or not t.isdigit() or len(t) > 10:
+            raise InvalidInput(f"sweep ids are numbers, got {t[:20]!r}", field="sweeps")
+        ids.append(int(t))
+    return check_sweep_ids(ids)
+
+
+def compare_choice(query: Mapping[str, list[str]]) -> dict[str, Any]:
+    """The compare page's plot: kind (default depth_scaling) and the options given.
+
+    Raises:
+        InvalidInput: an unknown kind or metric (named, with the allowed values).
+    """
+    from service.plots.compare import COMPARE_KINDS
+
+    kind = param(query, "kind") or "depth_scaling"
+    if kind not in COMPARE_KINDS:
+        raise InvalidInput(f"unknown value {kind!r}", field="kind", allowed=COMPARE_KINDS)
+    choice: dict[str, Any] = {"kind": kind}
+    choice |= {k: param(query, k) for k in COMPARE_OPTIONS if param(query, k)}
+    if choice.get("metric") and choice["metric"] not in METRICS:
+        raise InvalidInput(f"unknown value {choice['metric']!r}", field="metric", allowed=METRICS)
+    return choice
+
+
+def compare_plot_url(ids: list[int], choice: Mapping[str, Any], *, fmt: str = "svg") -> str:
+    """The API's compare plot route for a choice, passing only the options the kind takes."""
+    kind = choice["kind"]
+    params: dict[str, Any] = {"sweep": ids, "metric": choice.get("metric")}
+    params |= {k: choice.get(k) for k in PLOT_TAKES[kind]}
+    return url(f"{API}/compare/plots/{kind}", {**params, "format": fmt})

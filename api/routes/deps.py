@@ -12,7 +12,7 @@ from fastapi.dependencies.utils import get_flat_params
 from pydantic import Field
 
 from api.cache import SingleFlightCache
-from service.config import CONFIG_FIELDS, METRICS, TrialConfig
+from service.config import FILTER_FIELDS, METRICS, TrialConfig
 from service.errors import InvalidInput, StorageError
 from service.settings import Settings
 from service.store import Store
@@ -114,7 +114,7 @@ def _collect_filters(**given: Any) -> dict[str, list[Any]]:
 
 
 _collect_filters.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [_filter_parameter(name) for name in CONFIG_FIELDS]
+    [_filter_parameter(name) for name in FILTER_FIELDS]
 )
 
 ConfigFilters = Annotated[dict[str, list[Any]], Depends(_collect_filters)]

@@ -2,11 +2,13 @@
 
 Drawn off the event loop within the heavy-read bound and the plot time limit
 (api/limits.py). The default metric of each kind is service.plots.defaults, which the
-dashboard's default plots use too."""
+dashboard's default plots use too. `stat`, `band`, `nonfinite`, `xscale`, `yscale` choose how
+seeds are pooled and axes scaled (service.plots.PLOT_OPTIONS); an unknown value is a 422 naming
+the parameter with its allowed values."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.concurrency import run_in_threadpool
@@ -25,7 +27,7 @@ from api.routes.deps import (
     frozen,
     parse_epoch,
 )
-from service.plots import PLOT_KINDS
+from service.plots import PLOT_KINDS, PLOT_OPTIONS
 from service.plots.defaults import DEFAULT_METRIC, default_metric
 from service.plots.stored import make_plot
 
@@ -44,6 +46,31 @@ IMAGE_RESPONSES = {  # the figure, or one of the errors (503 busy, 504 too slow 
     **ERROR_RESPONSES,
     **PLOT_RESPONSES,
 }
+OPTION_TEXT = {
+    "stat": "pool seeds by mean, geomean (exp of the mean log) or median; default: geomean for "
+    "a gap or gradient norm against depth or layer, else mean",
+    "band": "ci (95%; in log space for geomean), std, iqr or none; default ci (median: iqr)",
+    "nonfinite": "propagate (default: a +inf seed makes the pooled value +inf, pinned) or "
+    "exclude (drop NaN/±inf values of a point and count them in the figure)",
+    "xscale": "auto, log or linear; default auto",
+    "yscale": "auto, log or linear; default log for a gap or gradient norm against depth or "
+    "layer, else auto",
+}
+
+
+def _option(name: str) -> Any:
+    """A pooling or scale option's Query: text, checked by service.plots (a 422 naming it, with
+    its allowed values and a suggestion), its values listed in the OpenAPI document."""
+    return Query(
+        description=OPTION_TEXT[name], json_schema_extra={"enum": list(PLOT_OPTIONS[name])}
+    )
+
+
+StatQuery = Annotated[str | None, _option("stat")]
+BandQuery = Annotated[str | None, _option("band")]
+NonfiniteQuery = Annotated[str | None, _option("nonfinite")]
+XscaleQuery = Annotated[str | None, _option("xscale")]
+YscaleQuery = Annotated[str | None, _option("yscale")]
 Kind = Annotated[
     str,
     Path(
@@ -77,18 +104,26 @@ async def read_plot(
     trial: Annotated[
         int | None, Query(ge=1, le=INT32_MAX, description="draw only this trial of the sweep")
     ] = None,
+    stat: StatQuery = None,
+    band: BandQuery = None,
+    nonfinite: NonfiniteQuery = None,
+    xscale: XscaleQuery = None,
+    yscale: YscaleQuery = None,
 ) -> Response:
     """A plot of a sweep: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay."""
     at = None if epoch is None else "last" if epoch == "last" else parse_epoch(epoch)
     info = await run_in_threadpool(store.get_sweep, sweep_id)
     version = sweep_version(info)
     metrics = list(metric) if metric else default_metric(kind, info.spec)  # make_plot checks kind
-    asked = (kind, str(metrics), format, x, group_by, at, layer, trial, frozen(filters))
+    options = {"stat": stat, "band": band, "nonfinite": nonfinite, "xscale": xscale,
+               "yscale": yscale}  # fmt: skip
+    asked = (kind, str(metrics), format, x, group_by, at, layer, trial, frozen(filters),
+             tuple(options.values()))  # fmt: skip
 
     def draw() -> bytes:
         return make_plot(
             store, sweep_id, kind, metric=metrics, where=filters, fmt=format, x=x,
-            group_by=group_by, epoch=at, layer=layer, trial_id=trial,
+            group_by=group_by, epoch=at, layer=layer, trial_id=trial, **options,
         )  # fmt: skip
 
     key = ("plot", sweep_id, version, asked)

@@ -3,6 +3,9 @@
     render("depth_scaling", frame, metric="grad_norm", group_by="init", layer=1) -> bytes
 
 Kinds: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay (docs/plots.md).
+Seeds are pooled by `stat` (mean, geomean, median) with a `band` (ci, std, iqr, none), non-finite
+values excluded or propagated (`nonfinite`), on `xscale`/`yscale` auto, log or linear
+(service.plots.pooling; PLOT_OPTIONS). Unset, they follow the field (service.plots.defaults).
 The series functions return the numbers each kind draws. Matplotlib is imported only when a
 figure is built, so importing this package costs the API nothing at start-up.
 """
@@ -15,10 +18,13 @@ import pandas as pd
 
 from service.config import METRICS
 from service.errors import InvalidInput
+from service.plots.defaults import default_pooling, field_default
 from service.plots.labels import METRIC_LABELS, field_label
+from service.plots.pooling import BANDS, NONFINITE, SCALES, STATS
 from service.plots.select import (
     GAP_METRICS,
     Lines,
+    Pooling,
     check_choice,
     check_frame,
     check_metric,
@@ -43,9 +49,11 @@ __all__ = [
     "GAP_METRICS",
     "METRIC_LABELS",
     "PLOT_KINDS",
+    "PLOT_OPTIONS",
     "PLOT_PARAMETERS",
     "Grid",
     "Lines",
+    "Pooling",
     "build_figure",
     "depth_scaling_series",
     "field_label",
@@ -68,13 +76,25 @@ PLOT_KINDS: tuple[str, ...] = (
 )
 FORMATS: tuple[str, ...] = ("png", "svg")
 
+# How seeds are pooled and axes scaled: option → its values (None, not given: the field's
+# default, service.plots.defaults.default_pooling).
+PLOT_OPTIONS: dict[str, tuple[str, ...]] = {
+    "stat": STATS,
+    "band": BANDS,
+    "nonfinite": NONFINITE,
+    "xscale": SCALES,
+    "yscale": SCALES,
+}
+_LINES = frozenset(PLOT_OPTIONS)
+_CELLS = frozenset({"stat", "nonfinite"})  # a heatmap pools cells; it has no band or y scale
+
 # The optional parameters each kind reads; passing another one is an error, not ignored.
 PLOT_PARAMETERS: dict[str, frozenset[str]] = {
-    "layer_profile": frozenset({"x", "group_by", "epoch"}),
-    "depth_scaling": frozenset({"x", "group_by", "epoch", "layer"}),
-    "training_curves": frozenset({"x", "group_by", "layer"}),
-    "heatmap": frozenset({"x", "group_by", "epoch", "layer"}),
-    "theory_overlay": frozenset({"x", "group_by", "epoch", "layer", "theory"}),
+    "layer_profile": frozenset({"x", "group_by", "epoch"}) | _LINES,
+    "depth_scaling": frozenset({"x", "group_by", "epoch", "layer"}) | _LINES,
+    "training_curves": frozenset({"x", "group_by", "layer"}) | _LINES,
+    "heatmap": frozenset({"x", "group_by", "epoch", "layer"}) | _CELLS,
+    "theory_overlay": frozenset({"x", "group_by", "epoch", "layer", "theory"}) | _LINES,
 }
 
 
@@ -90,10 +110,19 @@ def render(
     layer: int | None = None,
     title: str | None = None,
     theory: dict | None = None,
+    stat: str | None = None,
+    band: str | None = None,
+    nonfinite: str | None = None,
+    xscale: str | None = None,
+    yscale: str | None = None,
 ) -> bytes:
     """Draw one plot of a tidy frame and return it as PNG or SVG bytes.
 
     An empty frame (or one without rows of the metric) gives a figure saying "no data".
+    `stat`, `band`, `nonfinite`, `xscale`, `yscale`: PLOT_OPTIONS; None = the default:
+    geomean on a log y axis for a gap or gradient norm against depth or layer
+    (service.plots.defaults.default_pooling), else mean on "auto" axes; the statistic's band
+    (ci; iqr for median); non-finite values propagated.
 
     Raises:
         InvalidInput: an unknown kind, metric or format, a parameter the kind does not take,
@@ -103,7 +132,8 @@ def render(
     check_choice(fmt, FORMATS, "format")
     fig = build_figure(
         kind, frame, metric=metric, x=x, group_by=group_by, epoch=epoch, layer=layer,
-        title=title, theory=theory,
+        title=title, theory=theory, stat=stat, band=band, nonfinite=nonfinite, xscale=xscale,
+        yscale=yscale,
     )  # fmt: skip
     from service.plots.draw import to_bytes
 
@@ -121,15 +151,28 @@ def build_figure(
     layer: int | None = None,
     title: str | None = None,
     theory: dict | None = None,
+    stat: str | None = None,
+    band: str | None = None,
+    nonfinite: str | None = None,
+    xscale: str | None = None,
+    yscale: str | None = None,
 ) -> Figure:
     """The matplotlib Figure that `render` saves (same arguments, no format)."""
     check_choice(kind, PLOT_KINDS, "kind")
     metrics = _metrics(kind, metric)
     given = {"x": x, "group_by": group_by, "epoch": epoch, "layer": layer, "theory": theory}
-    for name, value in given.items():
+    options = {"stat": stat, "band": band, "nonfinite": nonfinite, "xscale": xscale,
+               "yscale": yscale}  # fmt: skip
+    for name, value in {**given, **options}.items():
         if value is not None and name not in PLOT_PARAMETERS[kind]:
             msg = f"{kind} does not take this parameter"
             raise InvalidInput(msg, field=name, allowed=sorted(PLOT_PARAMETERS[kind]))
+    for name, value in options.items():
+        if value is not None:
+            check_choice(value, PLOT_OPTIONS[name], name)
+    defaults = default_pooling(kind, metrics[0], x, group_by)
+    pooling = Pooling.of(stat or defaults["stat"], band, nonfinite or "propagate")
+    field_log = field_default(kind, metrics[0], x, group_by)
     from service.plots import draw
     from service.plots.kinds import BUILDERS
 
@@ -137,7 +180,10 @@ def build_figure(
         return draw.no_data(title or f"{kind}: {', '.join(metrics)}", "the frame is empty")
     check_frame(frame)
     first = metrics if kind == "training_curves" else metrics[0]
-    return BUILDERS[kind](frame, first, **given, title=title)
+    return BUILDERS[kind](
+        frame, first, **given, title=title, pooling=pooling, xscale=xscale, yscale=yscale,
+        field_log=field_log,
+    )  # fmt: skip
 
 
 def _metrics(kind: str, metric: str | list[str]) -> list[str]:

@@ -3,6 +3,8 @@ symbols."""
 
 from __future__ import annotations
 
+from service.config import METRICS
+
 _GAP = "log(mean λ) − mean(log λ)"
 
 METRIC_LABELS: dict[str, str] = {
@@ -24,7 +26,26 @@ METRIC_LABELS: dict[str, str] = {
     "on the complement of its structural null space",
     "weight_isometry_gap": f"weight isometry gap of layer ℓ, {_GAP} of Wℓ Wℓᵀ",
     "grad_norm": "gradient norm of layer ℓ: Frobenius ‖∂L/∂Wℓ‖ on the probe batch",
+    "rms": "RMS of block ℓ's output (the residual stream where there is one)",
+    "mean_cosine": "mean off-diagonal cosine similarity between the probe samples' outputs",
+    "token_isometry_gap": f"token isometry gap: {_GAP} of each sample's token Gram, batch mean",
+    "token_cosine": "mean off-diagonal cosine similarity between a sample's tokens",
 }
+# The other models' taps (docs/models.md): a residual stream, a transformer's sublayer outputs
+# (token-mean-pooled), a registered model's tapped submodules.
+_TAPS = {
+    "residual": "residual stream",
+    "attn": "attention sublayer output",
+    "mlp": "MLP sublayer output",
+    "output": "tapped submodule's output",
+}
+for _kind, _what in _TAPS.items():
+    METRIC_LABELS[f"isometry_gap/{_kind}"] = f"isometry gap of the {_what}, {_GAP} of G = HHᵀ"
+    METRIC_LABELS[f"range_isometry_gap/{_kind}"] = (
+        f"range isometry gap of the {_what}, {_GAP} of G = HHᵀ on the complement of its "
+        "structural null space"
+    )
+METRIC_LABELS = {m: text for m, text in METRIC_LABELS.items() if m in METRICS}  # recorded ones
 
 # Axis names of the non-metric dimensions (TrialConfig fields, epoch, layer).
 FIELD_LABELS: dict[str, str] = {

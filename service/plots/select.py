@@ -7,19 +7,34 @@ Every bad choice raises InvalidInput naming the field and what the frame allows.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from service.config import LAYER_METRICS, METRICS
 from service.errors import InvalidInput
-from service.tidy import AGGREGATE_COLUMNS, aggregate_over_seeds
+from service.plots.pooling import (
+    BANDS,
+    NONFINITE,
+    POOLED_COLUMNS,
+    STATS,
+    default_band,
+    pool_seeds,
+)
+from service.tidy import AGGREGATE_COLUMNS
 
 REQUIRED_COLUMNS = ("epoch", "metric", "layer", "value")
 # Columns that are not configuration: identity, position, and values (raw or aggregated).
-NOT_CONFIG = frozenset(("trial_id", "seed", *REQUIRED_COLUMNS, *AGGREGATE_COLUMNS))
-# The isometry gaps of a block's sub-layers: what the theory overlay draws (and predicts).
-GAP_METRICS: tuple[str, ...] = tuple(m for m in LAYER_METRICS if m.startswith("isometry_gap/"))
+NOT_CONFIG = frozenset(("trial_id", "seed", *REQUIRED_COLUMNS, *AGGREGATE_COLUMNS, *POOLED_COLUMNS))
+# The isometry gaps of an MLP block's sub-layers, the stages the mean-field theory predicts
+# (service.theory.STAGES): what the theory overlay draws. The other models' taps (residual,
+# attn, mlp, output) have no prediction.
+GAP_METRICS: tuple[str, ...] = tuple(
+    m
+    for m in LAYER_METRICS
+    if m in ("isometry_gap/linear", "isometry_gap/norm", "isometry_gap/act")
+)
 
 
 def check_choice(value: object, allowed: Sequence[str], field: str) -> None:
@@ -161,25 +176,47 @@ def line_label(values: tuple) -> str:
 
 
 class Lines(dict):
-    """label → line frame, remembering which columns the labels spell (`by`) and whether they
-    are one numeric column (`ordered`: drawn with a sequential colour map)."""
+    """label → line frame, remembering which columns the labels spell (`by`), whether they
+    are one numeric column (`ordered`: drawn with a sequential colour map) and how seeds were
+    pooled (`pooling`)."""
 
-    def __init__(self, lines: dict[str, pd.DataFrame], by: list[str], ordered: bool):
+    def __init__(
+        self,
+        lines: dict[str, pd.DataFrame],
+        by: list[str],
+        ordered: bool,
+        pooling: Pooling | None = None,
+    ):
         super().__init__(lines)
         self.by = by
         self.ordered = ordered
+        self.pooling = pooling or Pooling()
+
+    @property
+    def n_excluded(self) -> int:
+        """Non-finite values left out of the pooled points (nonfinite="exclude")."""
+        return int(sum(int(s["n_excluded"].sum()) for s in self.values()))
+
+    @property
+    def n_nonfinite(self) -> int:
+        """Non-finite values among every point's values (excluded or not)."""
+        return int(sum(int((s["count"] - s["n_finite"]).sum()) for s in self.values()))
 
 
-def seed_bands(rows: pd.DataFrame, keys: list[str], x: str) -> Lines:
-    """Pool seeds (service.tidy.aggregate_over_seeds) and cut the result into one line per key.
+def seed_bands(
+    rows: pd.DataFrame, keys: list[str], x: str, pooling: Pooling | None = None
+) -> Lines:
+    """Pool seeds (service.plots.pooling.pool_seeds, by `pooling`, default the arithmetic mean and
+    its 95% t-interval, non-finite values propagated) and cut the result into one line per key.
 
-    Each line is a frame with columns x, mean, lo, hi, count, n_finite, sorted by x, where
-    [lo, hi] = mean ∓ ci95 is the 95% Student-t interval (NaN with one seed or a non-finite mean).
+    Each line is a frame with columns x, mean (the pooled value, whatever the statistic), lo, hi
+    (the band; NaN where undefined), count, n_finite, n_excluded, sorted by x.
     """
-    agg = aggregate_over_seeds(rows)
+    pooling = pooling or Pooling()
+    agg = pool_seeds(rows, stat=pooling.stat, band=pooling.band, nonfinite=pooling.nonfinite)
     ordered = len(keys) == 1 and _is_number(rows[keys[0]])
     if agg.empty:
-        return Lines({}, keys, ordered)
+        return Lines({}, keys, ordered, pooling)
     parts = agg.groupby(keys, sort=True, dropna=False) if keys else [((), agg)]
     out = {}
     for key, part in parts:
@@ -189,24 +226,19 @@ def seed_bands(rows: pd.DataFrame, keys: list[str], x: str) -> Lines:
                 f"several rows per {x} on one line; the frame mixes layers or epochs", field="frame"
             )
         out[line_label(key if isinstance(key, tuple) else (key,))] = band_frame(part, x)
-    return Lines(out, keys, ordered)
+    return Lines(out, keys, ordered, pooling)
 
 
 def band_frame(part: pd.DataFrame, x: str) -> pd.DataFrame:
-    mean = part["mean"].to_numpy("float64")  # (k,)
-    ci = part["ci95"].to_numpy("float64")  # (k,) NaN when count < 2
-    ok = np.isfinite(mean)
-    with np.errstate(invalid="ignore"):
-        lo = np.where(ok, mean - ci, np.nan)
-        hi = np.where(ok, mean + ci, np.nan)
     return pd.DataFrame(
         {
             "x": plain_values(part[x]),
-            "mean": mean,
-            "lo": lo,
-            "hi": hi,
+            "mean": part["mean"].to_numpy("float64"),
+            "lo": part["lo"].to_numpy("float64"),
+            "hi": part["hi"].to_numpy("float64"),
             "count": part["count"].to_numpy("int64"),
             "n_finite": part["n_finite"].to_numpy("int64"),
+            "n_excluded": part["n_excluded"].to_numpy("int64"),
         }
     )
 
@@ -219,6 +251,40 @@ def plain_values(col: pd.Series) -> np.ndarray:
         if pd.api.types.is_float_dtype(col):
             return col.to_numpy("float64")
     return col.to_numpy()
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How seeds are pooled: `stat`, `band`, `nonfinite` (service.plots.pooling); checked."""
+
+    stat: str = "mean"
+    band: str = "ci"
+    nonfinite: str = "propagate"
+
+    @classmethod
+    def of(cls, stat: str = "mean", band: str | None = None, nonfinite: str = "propagate"):
+        """The pooling asked for; `band` None is the statistic's default (default_band).
+
+        Raises:
+            InvalidInput: an unknown value, naming `stat`, `band` or `nonfinite`.
+        """
+        check_choice(stat, STATS, "stat")
+        band = default_band(stat) if band is None else band
+        check_choice(band, BANDS, "band")
+        check_choice(nonfinite, NONFINITE, "nonfinite")
+        return cls(stat, band, nonfinite)
+
+
+def resolve_scale(asked: str | None, values: Iterable[float], span: float, field_log: bool) -> str:
+    """The scale of an axis, "log" or "linear": `asked` when log or linear; "auto" = log when
+    every finite value is positive and they span more than `span` (wants_log); None = the
+    field's default: log when `field_log` and some finite value is positive, else as auto."""
+    if asked in ("log", "linear"):
+        return asked
+    v = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=float)
+    if asked is None and field_log and bool(np.any(np.isfinite(v) & (v > 0))):
+        return "log"
+    return "log" if wants_log(v, span) else "linear"
 
 
 def wants_log(values: Iterable[float], span: float) -> bool:

@@ -1,7 +1,9 @@
-"""What each plot kind draws, as plain data: lines (x, mean, 95% CI, counts) or a grid.
+"""What each plot kind draws, as plain data: lines (x, pooled value, band, counts) or a grid.
 
 These functions are the plots' numbers, testable without drawing. Seeds are pooled by
-service.tidy.aggregate_over_seeds; non-finite values stay in `mean` as what they are.
+service.plots.pooling (`stat`, `band`, `nonfinite`); here the defaults are the arithmetic
+mean, its 95% t-interval and non-finite values propagated (they stay in `mean` as what they
+are). The figures' defaults follow the field instead (service.plots.defaults.default_pooling).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import pandas as pd
 
 from service.config import LAYER_METRICS
 from service.errors import InvalidInput
+from service.plots.pooling import pool_seeds
 from service.plots.select import (
     Lines,
+    Pooling,
     check_column,
     check_numeric,
     config_columns,
@@ -27,7 +31,6 @@ from service.plots.select import (
     select_layer,
     varying,
 )
-from service.tidy import aggregate_over_seeds
 
 MAX_EPOCH_LINES = 8  # a layer profile with more recorded epochs shows this many, evenly spaced
 
@@ -45,17 +48,25 @@ def _one_config(rows: pd.DataFrame) -> bool:
 
 
 def layer_profile_series(
-    frame: pd.DataFrame, metric: str, *, group_by: str | None = None, epoch: int | None = None
+    frame: pd.DataFrame,
+    metric: str,
+    *,
+    group_by: str | None = None,
+    epoch: int | None = None,
+    stat: str = "mean",
+    band: str | None = None,
+    nonfinite: str = "propagate",
 ) -> Lines:
-    """A per-layer metric against ℓ = 1..L, mean and 95% CI over seeds.
+    """A per-layer metric against ℓ = 1..L, pooled over seeds (default: mean and 95% CI).
 
     Lines are epochs (group_by="epoch", or by default when the frame holds one configuration;
     at most MAX_EPOCH_LINES of them unless `epoch` picks one) or configurations (group_by a
     config column, at `epoch`, default the last recorded one).
     """
+    pooling = Pooling.of(stat, band, nonfinite)
     rows = metric_rows(frame, metric)
     if rows.empty:
-        return Lines({}, [], False)
+        return Lines({}, [], False, pooling)
     _need_layers(rows, metric)
     if group_by is not None:
         check_column(rows, group_by, "group_by", extra=("epoch",))
@@ -68,7 +79,7 @@ def layer_profile_series(
     else:
         rows = select_epoch(rows, epoch)
         keys = line_keys(rows, group_by)
-    return seed_bands(rows, keys, "layer")
+    return seed_bands(rows, keys, "layer", pooling)
 
 
 def _need_layers(rows: pd.DataFrame, metric: str) -> None:
@@ -84,17 +95,21 @@ def depth_scaling_series(
     group_by: str | None = None,
     epoch: int | None = None,
     layer: int | None = None,
+    stat: str = "mean",
+    band: str | None = None,
+    nonfinite: str = "propagate",
 ) -> Lines:
     """A metric at one layer (default each trial's last, ℓ = L) and one epoch (default the last)
     against a numeric config field `x` (default depth), one line per `group_by` value (and per
-    value of every other varying config field), mean and 95% CI over seeds."""
+    value of every other varying config field), pooled over seeds (default: mean and 95% CI)."""
+    pooling = Pooling.of(stat, band, nonfinite)
     rows = metric_rows(frame, metric)
     if rows.empty:
-        return Lines({}, [], False)
+        return Lines({}, [], False, pooling)
     check_numeric(rows, x, "x")
     _check_group(rows, group_by, x)
     rows = select_layer(select_epoch(rows, epoch), layer)
-    return seed_bands(rows, line_keys(rows, group_by, exclude=(x,)), x)
+    return seed_bands(rows, line_keys(rows, group_by, exclude=(x,)), x, pooling)
 
 
 def _check_group(rows: pd.DataFrame, group_by: str | None, x: str) -> None:
@@ -109,21 +124,31 @@ def _check_group(rows: pd.DataFrame, group_by: str | None, x: str) -> None:
 
 
 def training_curves_series(
-    frame: pd.DataFrame, metric: str, *, group_by: str | None = None, layer: int | None = None
+    frame: pd.DataFrame,
+    metric: str,
+    *,
+    group_by: str | None = None,
+    layer: int | None = None,
+    stat: str = "mean",
+    band: str | None = None,
+    nonfinite: str = "propagate",
 ) -> Lines:
-    """A metric against epoch, one line per configuration (`group_by` first), mean and 95% CI
-    over seeds. A per-layer metric is taken at `layer` (default each trial's last)."""
+    """A metric against epoch, one line per configuration (`group_by` first), pooled over
+    seeds (default: mean and 95% CI). A per-layer metric is taken at `layer` (default each
+    trial's last)."""
+    pooling = Pooling.of(stat, band, nonfinite)
     rows = metric_rows(frame, metric)
     if rows.empty:
-        return Lines({}, [], False)
+        return Lines({}, [], False, pooling)
     _check_group(rows, group_by, "epoch")
     rows = select_layer(rows, layer)
-    return seed_bands(rows, line_keys(rows, group_by), "epoch")
+    return seed_bands(rows, line_keys(rows, group_by), "epoch", pooling)
 
 
 @dataclass(frozen=True)
 class Grid:
-    """A heatmap's cells: values[i, j] is the mean over seeds at y = ys[i], x = xs[j]."""
+    """A heatmap's cells: values[i, j] is the pooled value over seeds (`stat`) at y = ys[i],
+    x = xs[j]; `n_excluded` non-finite values were left out (nonfinite="exclude")."""
 
     x: str
     y: str
@@ -131,6 +156,8 @@ class Grid:
     ys: np.ndarray  # (ny,) sorted
     values: np.ndarray  # (ny, nx) float64; NaN also where there is no record
     present: np.ndarray  # (ny, nx) bool: a record exists (tells a NaN value from a hole)
+    stat: str = "mean"
+    n_excluded: int = 0
 
 
 def heatmap_series(
@@ -141,13 +168,17 @@ def heatmap_series(
     y: str = "layer",
     epoch: int | None = None,
     layer: int | None = None,
+    stat: str = "mean",
+    nonfinite: str = "propagate",
 ) -> Grid | None:
-    """A metric over two dimensions (epoch, layer or config fields), mean over seeds per cell.
+    """A metric over two dimensions (epoch, layer or config fields), pooled over seeds per cell
+    (`stat`, `nonfinite`: service.plots.pooling; default the mean, non-finite propagated).
 
     `epoch` / `layer` fix those dimensions when they are not axes (defaults: the last epoch,
     each trial's last layer). Any other varying config field is an error naming it: a cell
     holds one configuration. None when the frame has no rows of the metric.
     """
+    pooling = Pooling.of(stat, "none", nonfinite)
     rows = metric_rows(frame, metric)
     if rows.empty:
         return None
@@ -161,9 +192,9 @@ def heatmap_series(
         rows = select_epoch(rows, epoch)
     if "layer" not in (x, y):
         rows = select_layer(rows, layer)
-    agg = aggregate_over_seeds(rows)
+    agg = pool_seeds(rows, stat=pooling.stat, band="none", nonfinite=pooling.nonfinite)
     _one_config_per_cell(agg, (x, y))
-    return _grid(agg, x, y)
+    return _grid(agg, x, y, pooling.stat)
 
 
 def _one_config_per_cell(agg: pd.DataFrame, axes: tuple[str, str]) -> None:
@@ -179,7 +210,7 @@ def _one_config_per_cell(agg: pd.DataFrame, axes: tuple[str, str]) -> None:
         )
 
 
-def _grid(agg: pd.DataFrame, x: str, y: str) -> Grid:
+def _grid(agg: pd.DataFrame, x: str, y: str, stat: str = "mean") -> Grid:
     xv, yv = plain_values(agg[x]), plain_values(agg[y])
     xs, ys = np.unique(xv), np.unique(yv)
     j, i = np.searchsorted(xs, xv), np.searchsorted(ys, yv)
@@ -189,7 +220,8 @@ def _grid(agg: pd.DataFrame, x: str, y: str) -> Grid:
     present[i, j] = True
     if present.sum() < len(agg):
         raise InvalidInput(f"several rows per ({y}, {x}) cell", field="frame")
-    return Grid(x, y, xs, ys, values, present)
+    n_excluded = int(agg["n_excluded"].sum())
+    return Grid(x, y, xs, ys, values, present, stat, n_excluded)
 
 
 def theory_lines(theory: dict | None) -> dict[str, pd.DataFrame]:
@@ -221,6 +253,9 @@ def theory_overlay_series(
     epoch: int | None = None,
     layer: int | None = None,
     theory: dict | None = None,
+    stat: str = "mean",
+    band: str | None = None,
+    nonfinite: str = "propagate",
 ) -> tuple[Lines, dict[str, pd.DataFrame]]:
     """Measured isometry gaps and the mean-field predictions, on one axis.
 
@@ -232,17 +267,20 @@ def theory_overlay_series(
     rows = metric_rows(frame, metric)
     predicted = theory_lines(theory)
     if rows.empty:
-        return Lines({}, [], False), predicted
+        return Lines({}, [], False, Pooling.of(stat, band, nonfinite)), predicted
     x = x or default_theory_x(rows)
     if x not in ("depth", "layer"):
         raise InvalidInput(f"unknown value {x!r}", field="x", allowed=("depth", "layer"))
     ep = resolve_epoch(rows, epoch, default="first")
     if x == "depth":
         measured = depth_scaling_series(
-            rows, metric, x="depth", group_by=group_by, epoch=ep, layer=layer
-        )
+            rows, metric, x="depth", group_by=group_by, epoch=ep, layer=layer, stat=stat,
+            band=band, nonfinite=nonfinite,
+        )  # fmt: skip
     else:
-        measured = layer_profile_series(rows, metric, group_by=group_by, epoch=ep)
+        measured = layer_profile_series(
+            rows, metric, group_by=group_by, epoch=ep, stat=stat, band=band, nonfinite=nonfinite
+        )
     return measured, predicted
 
 

@@ -96,9 +96,9 @@ def spectrum_figure(
     ax.axhline(1.0, color="0.3", ls="--", lw=1, label="isometry: λ = mean λ")
     if any(r.size and (r > 0).any() for r in curves.values()):
         ax.set_yscale("log")
-    ax.set_xlabel("rank k (eigenvalues in descending order)")
-    ax.set_ylabel(draw.wrap(f"λ_k / mean λ of the {_gram_text(name)}", 50))
-    ax.legend(title="layer", fontsize=8)
+    draw.label_axes(ax, "rank k (eigenvalues in descending order)",
+                    f"λ_k / mean λ of the {_gram_text(name)}")  # fmt: skip
+    draw.legend(ax, ax.get_legend_handles_labels()[0], title="layer")
     notes = [*filter(None, [note]), f"epoch {epoch}", f"{values.shape[1]} eigenvalues per layer"]
     if any(hidden.values()):
         text = ", ".join(f"ℓ = {ell}: {n}" for ell, n in hidden.items() if n)
@@ -124,9 +124,9 @@ def jacobian_figure(
     if any((v[np.isfinite(v)] > 0).any() for v in lines.values()):
         ax.set_xscale("log")
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("singular value σ of ∂h_L(x_i)/∂x_i")
-    ax.set_ylabel(draw.wrap("fraction of singular values ≤ σ (pooled over probe samples)", 40))
-    ax.legend(fontsize=8)
+    draw.label_axes(ax, "singular value σ of ∂h_L(x_i)/∂x_i",
+                    "fraction of singular values ≤ σ (pooled over probe samples)")  # fmt: skip
+    draw.legend(ax, ax.get_legend_handles_labels()[0])
     shapes = {f"{v.shape[0]} × {v.shape[1]}" for v in lines.values()}
     notes.append(f"samples × values: {', '.join(sorted(shapes))}")
     if any(zeros.values()):
@@ -147,8 +147,8 @@ def _gram_text(name: str) -> str:
 def _finish(fig: Figure, ax: Any, title: str, notes: list[str]) -> Figure:
     from service.plots import draw
 
-    fig.suptitle(title)
-    ax.set_title(draw.wrap(" · ".join(notes), 110), fontsize=8, loc="left", color="0.3")
+    draw.title(fig, title)
+    draw.caption(ax, " · ".join(notes))
     return fig
 
 

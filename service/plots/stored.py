@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from service.config import CONFIG_FIELDS, DATASET_SHAPES, TrialConfig
+from service.config import DATASET_SHAPES, FILTER_FIELDS, TrialConfig
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.plots import (
     FORMATS,
@@ -35,6 +35,7 @@ from service.plots import (
     render,
     theory_overlay_series,
 )
+from service.plots.defaults import default_axes
 from service.plots.select import check_choice, line_label, metric_rows, resolve_epoch
 
 if TYPE_CHECKING:  # the store imports SQLAlchemy; plots are drawn without it
@@ -65,6 +66,11 @@ def make_plot(
     layer: int | None = None,
     trial_id: int | None = None,
     where: dict[str, Any] | None = None,
+    stat: str | None = None,
+    band: str | None = None,
+    nonfinite: str | None = None,
+    xscale: str | None = None,
+    yscale: str | None = None,
 ) -> bytes:
     """One plot of a stored sweep as PNG or SVG bytes (docs/plots.md for the kinds).
 
@@ -74,6 +80,8 @@ def make_plot(
         epoch: a recorded epoch, "last" (the latest recorded), or None (the kind's default).
         trial_id: draw only this trial of the sweep (the per-trial views).
         where: config filters, as Store.read_metrics takes them.
+        stat, band, nonfinite, xscale, yscale: how seeds are pooled and axes scaled
+            (service.plots.PLOT_OPTIONS; None: the field's default, as service.plots.render).
 
     Raises:
         NotFound: unknown kind (the message lists them), sweep or trial, or a trial of
@@ -90,6 +98,9 @@ def make_plot(
     where = dict(where or {})
     if trial_id is not None:
         where = _one_trial(store, sweep_id, trial_id, where)
+    elif x is None and group_by is None and kind in ("heatmap", "theory_overlay"):
+        chosen, held = default_axes(kind, store.get_sweep(sweep_id).spec, metrics[0], where=where)
+        x, group_by, where = chosen.get("x"), chosen.get("group_by"), {**held, **where}
     depths = _sweep_depths(store, sweep_id) if draws_one_layer(kind, x, group_by) else []
     frame = store.read_metrics(
         sweep_id,
@@ -115,6 +126,11 @@ def make_plot(
         layer=layer,
         title=title,
         theory=theory,
+        stat=stat,
+        band=band,
+        nonfinite=nonfinite,
+        xscale=xscale,
+        yscale=yscale,
     )
 
 
@@ -188,7 +204,7 @@ def _one_trial(store: Store, sweep_id: int, trial_id: int, where: dict[str, Any]
     if t.sweep_id != sweep_id:
         raise NotFound(f"trial {trial_id} belongs to sweep {t.sweep_id}, not to sweep {sweep_id}")
     out = dict(where)
-    for f in CONFIG_FIELDS:
+    for f in FILTER_FIELDS:
         value = t.config.get(f)
         given = where.get(f)
         accepted = given is None or value in (given if isinstance(given, list) else [given])

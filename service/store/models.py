@@ -136,8 +136,9 @@ class SqlTrial(Base):
 
 def config_column(name: str) -> Column:
     """The trials column of TrialConfig field `name`, from its type: int → Integer, float →
-    Float, bool → Boolean, a Literal of names (or str) → String(32); nullable when the field
-    may be None. (Server defaults for rows older than a field live in its migration.)"""
+    Float, bool → Boolean, a Literal of names (or str) → String(32), a dict → JSON; nullable
+    when the field may be None. (Server defaults for rows older than a field live in its
+    migration.)"""
     annotation, nullable = TrialConfig.model_fields[name].annotation, False
     if get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation):
         (annotation,) = (a for a in get_args(annotation) if a is not type(None))
@@ -146,6 +147,8 @@ def config_column(name: str) -> Column:
         sql_type = SQL_TYPES[annotation]()
     elif annotation is str or get_origin(annotation) is Literal:
         sql_type = String(32)
+    elif get_origin(annotation) is dict:
+        sql_type = JSON()
     else:
         raise TypeError(f"TrialConfig.{name}: no column type for {annotation!r}")
     return Column(name, sql_type, nullable=nullable)

@@ -76,6 +76,7 @@ def read_metrics(
     names = check_metrics(metrics)
     epochs = _check_epoch(epoch)
     layer_list = None if layers is None else _check_ints(layers, "layers", 1)
+    check_sweep_has(s, sweep_id, None if metrics is None else names, epochs, layer_list)
     conds = where_conditions(where)
     source = func.coalesce(SqlTrial.results_from, SqlTrial.id)
     trials = s.execute(
@@ -93,6 +94,66 @@ def read_metrics(
     ).all()
     frame = _tidy(rows, trials, fields, layer_list)
     return aggregate_over_seeds(frame) if aggregate else frame
+
+
+def check_sweep_has(
+    s: Session,
+    sweep_id: int,
+    metrics: list[str] | None,
+    epochs: list[int] | str | None,
+    layers: list[int] | None,
+) -> None:
+    """What a read asks for must be something the sweep has: each named metric recorded by
+    some trial's model (service.models.layer_metrics), each epoch number recorded by some
+    trial's schedule (TrialConfig.recorded_epochs), and some asked layer within some trial's
+    depth (several layers keep those a trial has, as a plot reads each depth's own layers).
+    A sweep without trials has nothing to check.
+
+    Raises:
+        InvalidInput: naming `metric` (the sweep's metrics allowed), `epoch` (its recorded
+            epochs) or `layer` (1..its deepest trial's depth), in the plots' wording
+            (service.plots.select).
+    """
+    if not metrics and not isinstance(epochs, list) and not layers:
+        return
+    from service.config import TrialConfig
+    from service.models import layer_metrics
+
+    # What decides a trial's metrics (service.models.layer_metrics) and its recorded epochs.
+    names = ("model", "norm", "mlp_ratio", "epochs", "record_every")
+    keys = [getattr(SqlTrial, f) for f in names]
+    kinds = s.execute(
+        select(*keys, func.max(SqlTrial.depth)).where(SqlTrial.sweep_id == sweep_id).group_by(*keys)
+    ).all()
+    if not kinds:
+        return
+    configs = [
+        (TrialConfig.model_construct(**dict(zip(names, row[:5], strict=True))), int(row[5]))
+        for row in kinds
+    ]
+    if metrics:
+        have = {m for c, _ in configs for m in layer_metrics(c)} | set(SCALAR_METRICS)
+        for m in metrics:
+            if m not in have:
+                allowed = [x for x in METRICS if x in have]
+                raise InvalidInput(
+                    f"sweep {sweep_id} does not record {m!r}", field="metric", allowed=allowed
+                )
+    if isinstance(epochs, list):
+        recorded = {e for c, _ in configs for e in c.recorded_epochs}
+        for e in epochs:
+            if e not in recorded:
+                from service.plots.select import ranges  # scipy: imported only here
+
+                msg = f"epoch {e} is not recorded"
+                raise InvalidInput(msg, field="epoch", allowed=ranges(recorded))
+    if layers:
+        deepest = max(int(d) for _, d in configs)
+        if all(ell > deepest for ell in layers):
+            shown = " or ".join(str(ell) for ell in sorted(set(layers))[:5])
+            raise InvalidInput(
+                f"no trial has layer {shown}", field="layer", allowed=[f"1..{deepest}"]
+            )
 
 
 def _metric_query(sources: Select, names: list[str], epochs: list[int] | str | None) -> Select:

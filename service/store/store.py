@@ -128,7 +128,9 @@ class Store:
     def claim_sweep(
         self, runner_id: str, lease_s: float, *, sweep_id: int | None = None
     ) -> SweepInfo | None:
-        """Atomically take the next sweep to run: the highest priority, then the oldest, that is
+        """Atomically take the next sweep to run: the highest priority, then the one that ran
+        least recently (never-run sweeps first, oldest first; then by last heartbeat, so that a
+        long sweep that gave its runner up for a while goes behind the sweeps waiting), that is
         queued or running with an expired lease (its runner died). The sweep becomes `running`
         under `runner_id` for `lease_s` seconds (heartbeat extends it); trials left `running` by
         a dead runner go back to `queued`. Two runners never get the same sweep.
@@ -170,6 +172,18 @@ class Store:
         """
         with self._write() as s:
             return sweeps.heartbeat(s, sweep_id, runner_id)
+
+    def is_sweep_waiting(self, sweep_id: int) -> bool:
+        """Whether another sweep is claimable now and would be claimed before this one if it
+        went back to the queue: one of at least its priority (claim order: priority, then the
+        sweep that ran least recently). A runner driving a long sweep asks it to know when to
+        give the runner up for a while (workers.driver).
+
+        Raises:
+            NotFound: no sweep has this id.
+        """
+        with self._read() as s:
+            return sweeps.is_sweep_waiting(s, sweep_id)
 
     def is_cancel_requested(self, sweep_id: int) -> bool:
         """Whether cancel was requested (one indexed read; the Tune stopper polls it).
@@ -231,14 +245,32 @@ class Store:
         with self._read() as s:
             return trials.trial_info(trials.get_trial_row(s, trial_id))
 
-    def runnable_trials(self, sweep_id: int) -> list[TrialInfo]:
+    def runnable_trials(
+        self, sweep_id: int, *, after_index: int | None = None, limit: int | None = None
+    ) -> list[TrialInfo]:
         """The sweep's trials still to run (queued or running, not reused), in expansion order.
+
+        Args:
+            after_index, limit: one page of them: the first `limit` whose index is above
+                `after_index` (a keyset page: the driver reads a sweep of any size this way,
+                each page in the same time).
+
+        Raises:
+            NotFound: no sweep has this id.
+            InvalidInput: limit < 1.
+        """
+        with self._read() as s:
+            return trials.runnable_trials(s, sweep_id, after_index, limit)
+
+    def runnable_totals(self, sweep_id: int) -> tuple[int, int]:
+        """How many of the sweep's trials are still to run, and the records a full run of them
+        writes (one counting query; nothing listed).
 
         Raises:
             NotFound: no sweep has this id.
         """
         with self._read() as s:
-            return trials.runnable_trials(s, sweep_id)
+            return trials.runnable_totals(s, sweep_id)
 
     def start_trial(self, trial_id: int, *, runner_id: str | None = None) -> TrialInfo:
         """Mark an attempt of a trial as started: `running`, attempts + 1, started_at now, its

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from service import jsonfmt
-from service.config import CONFIG_FIELDS
+from service.config import FILTER_FIELDS
 from service.errors import Conflict, InvalidInput, NotFound
 from service.settings import Settings
 from service.spec import validate_field
@@ -71,8 +71,8 @@ def where_conditions(where: dict[str, Any] | None) -> list[Any]:
     conditions: list[ColumnElement[bool]] = []
     for name, value in (where or {}).items():
         field = f"where.{name}"
-        if name not in CONFIG_FIELDS:
-            raise InvalidInput("unknown config field", field=field, allowed=CONFIG_FIELDS)
+        if name not in FILTER_FIELDS:
+            raise InvalidInput("unknown config field", field=field, allowed=FILTER_FIELDS)
         col = getattr(SqlTrial, name)
         values = value if isinstance(value, list | tuple) else [value]
         if not values:
@@ -107,15 +107,37 @@ def list_trials(
     return [trial_info(t) for t in page], int(total or 0)
 
 
-def runnable_trials(s: Session, sweep_id: int) -> list[TrialInfo]:
-    get_sweep_row(s, sweep_id)
-    q = (
-        select(SqlTrial)
-        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.status.in_(UNFINISHED_TRIAL))
-        .where(SqlTrial.results_from.is_(None))
-        .order_by(SqlTrial.index)
+def _runnable(sweep_id: int) -> tuple[ColumnElement[bool], ...]:
+    return (
+        SqlTrial.sweep_id == sweep_id,
+        SqlTrial.status.in_(UNFINISHED_TRIAL),
+        SqlTrial.results_from.is_(None),
     )
+
+
+def runnable_trials(
+    s: Session, sweep_id: int, after_index: int | None = None, limit: int | None = None
+) -> list[TrialInfo]:
+    """The trials still to run in expansion order; with `after_index` and `limit`, one keyset
+    page of them (index > after_index), read along the (sweep_id, index) unique index, so that
+    a page costs the same however large the sweep is and however far it has got."""
+    get_sweep_row(s, sweep_id)
+    q = select(SqlTrial).where(*_runnable(sweep_id)).order_by(SqlTrial.index)
+    if after_index is not None:
+        q = q.where(SqlTrial.index > after_index)
+    if limit is not None:
+        if limit < 1:
+            raise InvalidInput("must be ≥ 1", field="limit")
+        q = q.limit(limit)
     return [trial_info(t) for t in s.scalars(q)]
+
+
+def runnable_totals(s: Session, sweep_id: int) -> tuple[int, int]:
+    """(trials still to run, the records a full run of them writes), without listing them."""
+    get_sweep_row(s, sweep_id)
+    q = select(func.count(), func.coalesce(func.sum(SqlTrial.epochs_total), 0))
+    n, epochs = s.execute(q.where(*_runnable(sweep_id))).one()
+    return int(n), int(epochs)
 
 
 def start_trial(s: Session, trial_id: int) -> TrialInfo:

@@ -251,7 +251,7 @@ def test_an_error_message_is_printed_as_plain_text_not_markup(name):
 def test_a_servers_message_is_printed_as_given(api):
     s = submitted(api)
     r = cli(api, "results", s["id"], "--where", "[red]x=1")
-    failed_red(r, "unknown query parameter", "[red]x", "HTTP 422")
+    failed_red(r, "unknown config field", "[red]x", "HTTP 422")
     assert "\\[" not in r.stderr  # nothing escaped for rich
 
 

@@ -136,7 +136,19 @@ def test_waiting_on_a_plot_in_flight_holds_no_slot_and_healthz_answers(serve):
     cache, store = app.state.cache, app.state.store
     version = sweep_version(store.get_sweep(sweep_id))
     # the route's key of GET /plots/layer_profile with no parameters (api/routes/plots.py)
-    asked = ("layer_profile", "isometry_gap/act", "png", None, None, None, None, None, ())
+    no_options = (None,) * 5  # stat, band, nonfinite, xscale, yscale
+    asked = (
+        "layer_profile",
+        "isometry_gap/act",
+        "png",
+        None,
+        None,
+        None,
+        None,
+        None,
+        (),
+        no_options,
+    )
     key = ("plot", sweep_id, version, asked)
     gate = threading.Event()
     image = b"\x89PNG the one drawing"

@@ -432,7 +432,8 @@ def test_plot_errors_name_the_field(api):
     r = api.get(f"/sweeps/{s['id']}/plots/training_curves", params={"epoch": "last"})
     assert r.status_code == 422 and r.json()["error"]["field"] == "epoch"
     r = api.get(f"/sweeps/{s['id']}/plots/layer_profile", params={"epoch": 99})
-    assert r.status_code == 200  # nothing recorded at 99: a "no data" figure, not an error
+    # an epoch the sweep does not record is an error (not an empty figure)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "epoch"
     r = api.get(f"/sweeps/{s['id']}/plots/layer_profile", params={"format": "gif"})
     assert r.status_code == 422 and r.json()["error"]["field"] == "format"
 

@@ -7,8 +7,17 @@ import math
 import numpy as np
 from api_support import record, spec, submit
 
-from service.config import SPECTRUM_KEYS
+from service import config
 from service.plots.spectra import SPECTRUM_PLOT_KINDS
+
+# an MLP's spectrum keys (with norm and jacobian_samples): what its records hold
+SPECTRUM_KEYS = (
+    "spectrum/linear",
+    "spectrum/norm",
+    "spectrum/act",
+    "spectrum/weight",
+    "jacobian_singular_values",
+)
 
 DEPTH, N, K, M = 3, 4, 2, 8  # spec(): batch_size 4, width 8; d_in of digits is 64
 
@@ -75,7 +84,7 @@ def test_errors_name_the_field_and_the_allowed_values(api):
     r = api.get("/trials/999999/spectra")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
     cases = [
-        ({"name": "spectrum/gram"}, "name", list(SPECTRUM_KEYS)),
+        ({"name": "spectrum/gram"}, "name", list(config.SPECTRUM_KEYS)),
         ({"epoch": 1}, "epoch", ["0", "2"]),
         ({"epoch": "first"}, "epoch", None),
         ({"layer": 0}, "layer", None),

@@ -46,7 +46,7 @@ def test_new_fields_and_their_defaults():
         False,
         0,
     )
-    assert CONFIG_FIELDS[-9:-1] == (
+    assert CONFIG_FIELDS[-18:-10] == (
         "dtype",
         "norm_eps",
         "bias_init",
@@ -144,7 +144,7 @@ def test_migration_0002_keeps_trials_written_before_it_valid(database_url):
     and its stored config hold the fields' defaults, so filters and reads see what it ran."""
     from service.store import Store
 
-    old = {k: v for k, v in TrialConfig(depth=2).to_dict().items() if k in CONFIG_FIELDS[:-9]}
+    old = {k: v for k, v in TrialConfig(depth=2).to_dict().items() if k in CONFIG_FIELDS[:-18]}
     store_trial_at_revision(database_url, "0001", old)
     with Store(database_url) as store:
         trial = store.get_trial(1)
@@ -153,3 +153,46 @@ def test_migration_0002_keeps_trials_written_before_it_valid(database_url):
                       {"orthogonal_gain": True}, {"jacobian_samples": 0}):  # fmt: skip
             assert store.list_trials(1, where=where)[1] == 1, where
         assert store.list_trials(1, where={"dtype": "float64"})[1] == 0
+
+
+# --- the model families (issue 11) --------------------------------------------------------------
+
+
+def test_model_fields_come_last_and_default_to_the_mlp():
+    assert CONFIG_FIELDS[-10:] == (
+        "epoch0_train_samples", "model", "model_params", "residual_scale", "kernel_size",
+        "patch_size", "heads", "mlp_ratio", "skip", "norm_position",
+    )  # fmt: skip
+    assert TrialConfig().model == "mlp" and TrialConfig().model_params == {}
+
+
+def test_fields_a_family_does_not_use_are_reset_so_equal_networks_hash_equal():
+    from service.config import config_hash
+
+    plain = TrialConfig(model="cnn", depth=3)
+    odd = TrialConfig(model="cnn", depth=3, residual_scale=0.1, heads=2, skip=False)
+    assert odd == plain and config_hash(odd) == config_hash(plain)
+    assert TrialConfig(model="cnn", kernel_size=5) != plain  # a field it uses is kept
+    t = TrialConfig(model="transformer", width=64, order="act_norm", kernel_size=7)
+    assert (t.order, t.kernel_size) == ("norm_act", 3)
+    assert TrialConfig(model="mlp", residual_scale=0.5).residual_scale == 1.0
+    assert TrialConfig(model="resmlp", residual_scale=0.5).residual_scale == 0.5
+    assert len({TrialConfig(), TrialConfig(heads=8), TrialConfig(model="resmlp")}) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "says"),
+    [
+        ({"model": "resnet"}, "model", "mlp, resmlp, cnn, transformer"),
+        ({"model": "transformer", "width": 30, "heads": 4}, "heads", "divide width=30"),
+        ({"model": "transformer", "patch_size": 3}, "patch_size", "8×8"),
+        ({"model": "cnn", "kernel_size": 2}, "kernel_size", "try 3"),
+        ({"init": "delta_orthogonal"}, "init", "use 'orthogonal'"),
+        ({"model": "cnn", "jacobian_samples": 2}, "jacobian_samples", "set it to 0"),
+        ({"model_params": {"a": 1}}, "model_params", "registered"),
+    ],
+)
+def test_model_combinations_that_cannot_run_name_their_field(kwargs, field, says):
+    with pytest.raises(InvalidInput) as exc:
+        parse_trial_config(kwargs)
+    assert exc.value.field == field and says in exc.value.message

@@ -81,8 +81,25 @@ OTHER_VALUE = {
     "spectra": True,
     "jacobian_samples": 3,
     "epoch0_train_samples": 200,
+    "model": "resmlp",
+    "residual_scale": 0.5,
+    "kernel_size": 5,
+    "patch_size": 4,
+    "heads": 2,
+    "mlp_ratio": 2,
+    "skip": False,
+    "norm_position": "post",
 }
-NEEDS = {"bias_init": {"bias": True}}  # what a field's other value needs besides itself
+# what a field's other value needs besides itself
+NEEDS = {
+    "bias_init": {"bias": True},
+    "residual_scale": {"model": "resmlp"},
+    "kernel_size": {"model": "cnn"},
+    **{f: {"model": "transformer"} for f in ("patch_size", "heads", "mlp_ratio", "skip")},
+    "norm_position": {"model": "transformer"},
+}
+# model_params needs a registered model: tests/workers/test_model_registered.py hashes it
+UNTESTED_HERE = {"model_params"}
 
 
 def test_hash_depends_on_every_field_and_not_on_key_order():
@@ -91,10 +108,10 @@ def test_hash_depends_on_every_field_and_not_on_key_order():
     assert config_hash(a) == config_hash(b)
     assert config_hash(a) != config_hash(TrialConfig(depth=5, width=7, seed=1))
     assert "seed" in CONFIG_FIELDS
-    assert set(OTHER_VALUE) == set(CONFIG_FIELDS)  # a new field needs a value here
+    assert set(OTHER_VALUE) | UNTESTED_HERE == set(CONFIG_FIELDS)  # a new field needs a value
     default = TrialConfig()
     hashes = {config_hash(default)}
-    for field in CONFIG_FIELDS:
+    for field in OTHER_VALUE:
         changed = parse_trial_config({**NEEDS.get(field, {}), field: OTHER_VALUE[field]})
         assert getattr(changed, field) != getattr(default, field), field
         assert config_hash(changed) not in hashes, field  # differs from the default and the rest

@@ -9,12 +9,22 @@ import pytest
 from records import bits, record
 from sqlalchemy import func, select
 
-from service.config import METRICS, SPECTRUM_KEYS
+from service import config
+from service.config import METRICS
 from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
 from service.store.models import SqlMetric, SqlSpectrum
+
+# an MLP's spectrum keys (with norm and jacobian_samples): what its records hold
+SPECTRUM_KEYS = (
+    "spectrum/linear",
+    "spectrum/norm",
+    "spectrum/act",
+    "spectrum/weight",
+    "jacobian_singular_values",
+)
 
 DEPTH, N, K, M = 3, 4, 2, 5
 WEIRD = [math.nan, math.inf, -math.inf, -0.0, 5e-324]
@@ -97,7 +107,7 @@ def test_bad_reads_name_the_field_and_the_allowed_values(store):
     assert exc.value.field == "epoch" and "no spectra stored" in exc.value.message
     store.write_records([(t, {**record(0, e, DEPTH), **arrays(e)}) for e in (0, 3)])
     cases = [
-        (dict(name="spectrum/lin"), "name", list(SPECTRUM_KEYS)),
+        (dict(name="spectrum/lin"), "name", list(config.SPECTRUM_KEYS)),
         (dict(epoch=1), "epoch", ["0", "3"]),
         (dict(epoch=-1), "epoch", None),
         (dict(epoch="first"), "epoch", None),

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from service.config import LAYER_METRICS, SCALAR_METRICS
+from service.config import SCALAR_METRICS, TrialConfig
 from service.jsonfmt import decode_float
+from service.models import layer_metrics
 
 BIN = Path(sys.executable).with_name("isosweep")
 pytestmark = pytest.mark.skipif(not BIN.exists(), reason="pip install -e . (console script)")
@@ -44,7 +45,7 @@ def test_json_lines_per_recorded_epoch(tmp_path):
     recs = [json.loads(line) for line in lines]  # a standard parser reads every line
     assert [r["epoch"] for r in recs] == [0, 2]  # --set overrides the file
     r0 = recs[0]
-    for k in LAYER_METRICS:
+    for k in layer_metrics(TrialConfig()):  # the default MLP (with batch norm)
         assert isinstance(r0[k], list) and len(r0[k]) == 4  # index 0 ↔ block 1
     for k in SCALAR_METRICS:
         assert isinstance(r0[k], float | int)

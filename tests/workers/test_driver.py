@@ -16,8 +16,9 @@ from expected_rows import expected_keys, row_keys
 from records import bits, record, value_of
 from support import TINY
 
-from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
+from service.config import METRICS, SCALAR_METRICS, TrialConfig
 from service.errors import InvalidInput, StorageError
+from service.models import layer_metrics
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
@@ -455,13 +456,18 @@ def stored_keys(store, sweep_id):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_local, monkeypatch):
-    from ray import tune
-
     from workers.train import fit
 
     handed = []  # what the trials were given: no database URL, by design
-    real_grid = tune.grid_search
-    monkeypatch.setattr(tune, "grid_search", lambda v: handed.extend(v) or real_grid(v))
+    real_suggest = driver.TrialSource.suggest
+
+    def suggest(self, trial_id):
+        got = real_suggest(self, trial_id)
+        if isinstance(got, dict):
+            handed.append(got[PARAM_KEY])
+        return got
+
+    monkeypatch.setattr(driver.TrialSource, "suggest", suggest)
     devices = {}
     with Store(database_url) as store:
         spec = {
@@ -473,6 +479,7 @@ def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_loc
                 **TINY,
             },
             "seeds": 2,
+            "pack": 1,  # each trial alone: fit()'s numbers bit for bit (packs: test_packed*.py)
         }
         info = run_spec(store, spec, progress=lambda p: devices.update(p.devices))
         assert info.status == "completed" and info.progress == 1.0
@@ -491,7 +498,7 @@ def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_loc
         t = trials[-1]
         fitted = list(fit(t.config))
         for rec in fitted:
-            for m in METRICS:
+            for m in (*SCALAR_METRICS, *layer_metrics(TrialConfig(**t.config))):
                 if m == "epoch_time_s":
                     continue
                 epochs, values = store.trial_history(t.id, m)
@@ -507,6 +514,7 @@ def test_cancel_stops_running_trials_and_keeps_what_was_stored(sqlite_url, ray_l
     epochs = 300  # far longer than the test waits
     with Store(sqlite_url) as store:
         spec = {"name": "cancel", "parameters": {"depth": 4, "epochs": epochs, **TINY}, "seeds": 3}
+        spec["pack"] = 1  # the third trial waits for a slot (packs: test_packed_runner.py)
         sweep = store.create_sweep(parse_spec(spec))
         assert store.claim_sweep(RUNNER, 60.0).id == sweep.id
         snapshot = {}
@@ -535,7 +543,9 @@ def test_cancel_stops_running_trials_and_keeps_what_was_stored(sqlite_url, ray_l
             assert len(stored) < epochs + 1  # stopped, not run to the end
             rows = frame[frame.trial_id == t.id]
             per_epoch = rows.groupby("epoch").size()
-            assert set(per_epoch) <= {len(SCALAR_METRICS) + 4 * len(LAYER_METRICS)}  # whole epochs
+            per_layer = len(layer_metrics(TrialConfig(**t.config)))
+            depth = TrialConfig(**t.config).depth
+            assert set(per_epoch) <= {len(SCALAR_METRICS) + depth * per_layer}  # whole epochs
         # what was stored before the cancel is still there, unchanged
         before = snapshot["frame"].set_index(["trial_id", "epoch", "metric", "layer"]).value
         after = frame.set_index(["trial_id", "epoch", "metric", "layer"]).value

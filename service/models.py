@@ -1,0 +1,203 @@
+"""The registry of model families: the built-in ones (workers/models/) and a lab's own
+`torch.nn.Module` factories (docs/models.md).
+
+A lab registers a model in a module of its own, named in `ISOSWEEP_MODEL_MODULES` or exposed as
+an entry point of the group `isosweep.models`, both read when the server (and each worker)
+starts:
+
+    from pydantic import BaseModel
+    import isosweep
+
+    class WideParams(BaseModel):
+        expansion: int = 2
+
+    def build(params: WideParams, *, d_in: int, n_classes: int, config):   # torch imported here
+        ...                                                                 # → torch.nn.Module
+
+    isosweep.register_model("wide", build, params=WideParams, taps="blocks.{i}")
+
+A spec then says `model: wide` and `model_params: {expansion: 4}`, validated by `WideParams`.
+Names come only from the server's own configuration: a spec naming anything else is refused
+(422) with the registered names, and no spec can make the server import code. This module
+imports neither torch nor the registered modules' code until `load_registered` runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from service.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from service.config import TrialConfig
+
+ENTRY_POINT_GROUP = "isosweep.models"
+# The built-in families and the TrialConfig fields each one uses besides the common ones.
+FAMILY_FIELDS: dict[str, frozenset[str]] = {
+    "mlp": frozenset({"order"}),
+    "resmlp": frozenset({"order", "residual_scale"}),
+    "cnn": frozenset({"order", "kernel_size"}),
+    "transformer": frozenset(
+        {"residual_scale", "patch_size", "heads", "mlp_ratio", "skip", "norm_position"}
+    ),
+}
+# Fields that belong to one family or another; a model that does not use one gets its default.
+FAMILY_SPECIFIC: frozenset[str] = frozenset().union(*FAMILY_FIELDS.values())
+
+
+class NoParams(BaseModel):
+    """A registered model without parameters of its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A lab's model: `factory(params, *, d_in, n_classes, config) -> torch.nn.Module`, its typed
+    parameters, and the submodules whose outputs are measured — a dotted name with `{i}` for
+    i = 0..depth−1 (one measured layer per block), or an explicit tuple of names; `head`, the
+    classifier's weight parameter (None: the module's last parameter with two or more axes)."""
+
+    name: str
+    factory: Callable[..., Any]
+    params: type[BaseModel]
+    taps: str | tuple[str, ...]
+    head: str | None = None
+
+    def tap_names(self, depth: int) -> list[str]:
+        if isinstance(self.taps, str):
+            return [self.taps.format(i=i) for i in range(depth)]
+        return list(self.taps)
+
+
+_REGISTRY: dict[str, RegisteredModel] = {}
+_loaded = False
+_lock = threading.Lock()
+
+
+def register_model(
+    name: str,
+    factory: Callable[..., Any],
+    *,
+    params: type[BaseModel] = NoParams,
+    taps: str | tuple[str, ...] = "blocks.{i}",
+    head: str | None = None,
+) -> None:
+    """Register a model factory under `name` (called from a module that the server's
+    configuration names; docs/models.md). A tuple of `taps` fixes the measured layers (and the
+    trial's depth must equal their number); a pattern with `{i}` gives one per block. `head`
+    names the classifier's weight (a parameter name such as "head.weight"; None: the module's
+    last parameter with two or more axes), whose gradient norm and weight gap are recorded."""
+    if name in FAMILY_FIELDS:
+        raise ValueError(f"{name!r} is a built-in model family; choose another name")
+    if not name.isidentifier():
+        raise ValueError(f"a model name is an identifier, not {name!r}")
+    if isinstance(taps, str) and "{i}" not in taps:
+        taps = (taps,)
+    _REGISTRY[name] = RegisteredModel(name, factory, params, taps, head)
+
+
+def load_registered() -> None:
+    """Import the modules of Settings.model_modules and the `isosweep.models` entry points (an
+    entry point's object is called if it is callable), once per process."""
+    global _loaded
+    with _lock:
+        if _loaded:
+            return
+        _loaded = True
+        from service.settings import get_settings
+
+        try:
+            for module in get_settings().model_modules:
+                importlib.import_module(module)
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                obj = ep.load()
+                if callable(obj) and not isinstance(obj, type):
+                    obj()
+        except Exception as exc:  # a misconfigured server: loud every time, never half-loaded
+            _loaded = False
+            raise RuntimeError(
+                "registering the configured models failed (ISOSWEEP_MODEL_MODULES, or an "
+                f"'{ENTRY_POINT_GROUP}' entry point; docs/models.md): {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def registered() -> dict[str, RegisteredModel]:
+    load_registered()
+    return dict(_REGISTRY)
+
+
+def model_names() -> tuple[str, ...]:
+    return (*FAMILY_FIELDS, *sorted(registered()))
+
+
+def get_registered(name: str) -> RegisteredModel:
+    check_model_name(name)
+    return registered()[name]
+
+
+def check_model_name(name: str) -> None:
+    if name in FAMILY_FIELDS:
+        return
+    if name not in registered():
+        raise InvalidInput(
+            f"unknown model {name!r}: the server knows {', '.join(model_names())} (a lab's "
+            "own models are registered in the server's configuration, docs/models.md)",
+            field="model",
+            allowed=model_names(),
+        )
+
+
+def unused_fields(model: str) -> frozenset[str]:
+    """The family-specific TrialConfig fields that `model` does not use."""
+    return FAMILY_SPECIFIC - FAMILY_FIELDS.get(model, frozenset())
+
+
+def check_params(config: TrialConfig) -> dict[str, Any]:
+    """A registered model's model_params, validated by its params class, as plain JSON values
+    (defaults filled in, so equal networks hash equal)."""
+    entry = get_registered(config.model)
+    try:
+        params = entry.params(**config.model_params)
+    except ValidationError as exc:
+        from service.config import pydantic_to_invalid
+
+        raise pydantic_to_invalid(exc, where="model_params") from None
+    if not isinstance(entry.taps, str) and len(entry.taps) != config.depth:
+        raise InvalidInput(
+            f"model {config.model!r} measures {len(entry.taps)} layers ({', '.join(entry.taps)})"
+            f"; set depth={len(entry.taps)}",
+            field="depth",
+        )
+    return params.model_dump(mode="json")
+
+
+def tap_kinds(config: TrialConfig) -> tuple[str, ...]:
+    """The tap kinds a trial's network records (isometry_gap/<kind> for each; docs/models.md)."""
+    norm = () if config.norm == "none" else ("norm",)
+    if config.model in ("mlp", "cnn"):
+        return ("linear", *norm, "act")
+    if config.model == "resmlp":
+        return ("linear", *norm, "act", "residual")
+    if config.model == "transformer":
+        return ("attn", *(("mlp",) if config.mlp_ratio else ()), "residual")
+    return ("output",)
+
+
+def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
+    """The per-layer metrics a trial records, in service.config.LAYER_METRICS' order."""
+    from service.config import LAYER_METRICS
+
+    kinds = tap_kinds(config)
+    have = {f"{m}/{k}" for m in ("isometry_gap", "range_isometry_gap") for k in kinds}
+    have |= {"weight_isometry_gap", "grad_norm", "rms", "mean_cosine"}
+    if config.model == "transformer":
+        have |= {"token_isometry_gap", "token_cosine"}
+    return tuple(m for m in LAYER_METRICS if m in have)

@@ -1,0 +1,251 @@
+"""Comparing sweeps: one tidy frame, one table and one figure over several stored sweeps.
+
+    compare_frame(store, [3, 4], metrics="grad_norm", epoch="last")   # a `sweep` column added
+    make_compare_plot(store, [3, 4], "depth_scaling", metric="grad_norm", fmt="svg")
+
+Each sweep's rows are read as Store.read_metrics reads them (the same bounds and errors: a
+metric, layer or epoch the sweep does not have names the sweep), then stacked with two columns
+in front: `sweep_id` and `sweep`, its label. The label is "sweep 3 (norm=batch)": the parts are
+the spec parameters fixed in every compared sweep whose values differ between them (a parameter
+a spec leaves out counts at TrialConfig's default). A parameter swept (a list or a distribution)
+in any of the sweeps is a column instead, each trial holding its own config's value, so the
+lines of one sweep stay apart as they do in its own plots (docs/api.md, "Comparing sweeps").
+
+The figures are the line kinds of service.plots (layer_profile, depth_scaling,
+training_curves) drawn from that frame with one line per sweep (`group_by` defaults to
+`sweep`; another group_by keeps the sweep in every line's label). Seeds are pooled and axes
+scaled by the same options (`stat`, `band`, `nonfinite`, `xscale`, `yscale`;
+service.plots.PLOT_OPTIONS) with the same field defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from service.config import CONFIG_FIELDS, TrialConfig
+from service.errors import InvalidInput
+from service.plots import FORMATS, render
+from service.plots.defaults import default_metric
+from service.plots.select import check_choice, fmt_value
+from service.plots.stored import EpochArg, epochs_to_read, layers_to_read
+from service.spec import swept_fields_of
+
+if TYPE_CHECKING:  # the store imports SQLAlchemy; this module's plots are drawn without it
+    from service.store import Store
+
+COMPARE_KINDS: tuple[str, ...] = ("layer_profile", "depth_scaling", "training_curves")
+MAX_COMPARED = 8  # sweeps in one comparison: more lines than a legend can tell apart
+SWEEP_COLUMNS = ("sweep_id", "sweep")  # what the comparison adds in front of the tidy columns
+
+
+def check_sweep_ids(sweep_ids: Iterable[int]) -> list[int]:
+    """The sweeps to compare, each once, in the order given.
+
+    Raises:
+        InvalidInput: none, or more than MAX_COMPARED (field `sweep`).
+    """
+    ids = list(dict.fromkeys(int(s) for s in sweep_ids))
+    if not ids:
+        raise InvalidInput("name the sweeps to compare (sweep=1&sweep=2)", field="sweep")
+    if len(ids) > MAX_COMPARED:
+        raise InvalidInput(
+            f"{len(ids)} sweeps; a comparison takes at most {MAX_COMPARED}", field="sweep"
+        )
+    return ids
+
+
+def _spec_value(parameters: Mapping[str, Any], name: str) -> Any:
+    if name in parameters:
+        return parameters[name]
+    info = TrialConfig.model_fields[name]
+    return None if info.is_required() else info.get_default(call_default_factory=True)
+
+
+def _same(values: list[Any]) -> bool:
+    texts = {json.dumps(v, sort_keys=True, default=str) for v in values}
+    return len(texts) == 1
+
+
+def differing_fields(specs: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """The spec parameters fixed in every sweep whose values differ between them, in
+    TrialConfig's field order (`specs`: sweep id → its stored spec)."""
+    params = {sid: dict(spec.get("parameters") or {}) for sid, spec in specs.items()}
+    swept = {f for spec in specs.values() for f in swept_fields_of(spec)}
+    named = {k for p in params.values() for k in p}
+    out = []
+    for f in CONFIG_FIELDS:
+        if f not in named or f in swept:
+            continue
+        if not _same([_spec_value(p, f) for p in params.values()]):
+            out.append(f)
+    return out
+
+
+def sweep_labels(specs: Mapping[int, Mapping[str, Any]]) -> dict[int, str]:
+    """Sweep id → "sweep 3 (norm=batch, lr=0.1)" (differing_fields; "sweep 3" when none)."""
+    fields = differing_fields(specs)
+    labels = {}
+    for sid, spec in specs.items():
+        p = dict(spec.get("parameters") or {})
+        parts = ", ".join(f"{f}={fmt_value(_spec_value(p, f))}" for f in fields)
+        labels[sid] = f"sweep {sid}" + (f" ({parts})" if parts else "")
+    return labels
+
+
+def compare_frame(
+    store: Store,
+    sweep_ids: Sequence[int],
+    *,
+    metrics: str | list[str] | None = None,
+    epoch: EpochArg | list[int] = None,
+    layers: int | list[int] | None = None,
+    where: dict[str, Any] | None = None,
+    aggregate: bool = False,
+) -> pd.DataFrame:
+    """The tidy frames of the sweeps, stacked: sweep_id, sweep (the label, sweep_labels; an
+    ordered categorical in the order given), trial_id, the config fields swept in any of them,
+    epoch, metric, layer, value. With `aggregate`, pooled over seeds per sweep as
+    Store.read_metrics(aggregate=True) pools (mean, std, ci95, count, n_finite).
+
+    Raises:
+        NotFound: a sweep that does not exist.
+        InvalidInput: as Store.read_metrics (a metric, layer or epoch a sweep does not have
+            names the sweep), or check_sweep_ids.
+        LimitExceeded: a sweep's read over Settings.max_points.
+    """
+    ids = check_sweep_ids(sweep_ids)
+    specs = {sid: store.get_sweep(sid).spec for sid in ids}
+    labels = sweep_labels(specs)
+    columns = list(dict.fromkeys(f for sid in ids for f in swept_fields_of(specs[sid])))
+    frames = []
+    for sid in ids:
+        frame = store.read_metrics(sid, metrics=metrics, epoch=epoch, layers=layers, where=where)
+        missing = [c for c in columns if c not in frame.columns]
+        if missing and not frame.empty:
+            configs = _trial_configs(store, sid, where)
+            ids_ = frame["trial_id"].to_numpy()
+            for c in missing:
+                frame[c] = pd.Series([configs[t].get(c) for t in ids_], index=frame.index)
+        elif missing:
+            for c in missing:
+                frame[c] = pd.Series([], dtype=object)
+        frame.insert(0, "sweep", labels[sid])
+        frame.insert(0, "sweep_id", sid)
+        frames.append(frame)
+    order = ["sweep_id", "sweep", "trial_id", *columns, "epoch", "metric", "layer", "value"]
+    nonempty = [f[order] for f in frames if not f.empty]
+    out = pd.concat(nonempty, ignore_index=True) if nonempty else frames[0][order].iloc[:0]
+    for c in columns:
+        out[c] = out[c].infer_objects() if out[c].dtype == object else out[c]
+    out["sweep"] = pd.Categorical(out["sweep"], categories=[labels[s] for s in ids], ordered=True)
+    out["sweep_id"] = out["sweep_id"].astype("int64")
+    if aggregate:
+        from service.tidy import aggregate_over_seeds
+
+        return aggregate_over_seeds(out)
+    return out
+
+
+def _trial_configs(store: Store, sweep_id: int, where: dict[str, Any] | None) -> dict[int, dict]:
+    """Trial id → config of the sweep's trials (those matching `where`), page by page."""
+    size = store.settings.max_page_size
+    out: dict[int, dict] = {}
+    offset = 0
+    while True:
+        page, total = store.list_trials(sweep_id, where=where, offset=offset, limit=size)
+        out |= {t.id: t.config for t in page}
+        offset += len(page)
+        if offset >= total or not page:
+            return out
+
+
+def compare_depths(store: Store, sweep_ids: Sequence[int]) -> list[int]:
+    """Every depth of the compared sweeps, from their stored specs (an axis or a fixed value)."""
+    depths: set[int] = set()
+    for sid in sweep_ids:
+        parameters = store.get_sweep(sid).spec.get("parameters") or {}
+        depth = parameters.get("depth", TrialConfig.model_fields["depth"].default)
+        depths |= {int(d) for d in depth} if isinstance(depth, list) else {int(depth)}
+    return sorted(depths)
+
+
+def check_compare_kind(kind: str) -> None:
+    """A kind that draws lines: a comparison gives each sweep its own line."""
+    check_choice(kind, COMPARE_KINDS, "kind")
+
+
+def compare_metric(store: Store, sweep_ids: Sequence[int], kind: str) -> str | list[str]:
+    """The kind's default metric (service.plots.defaults) for the first compared sweep."""
+    return default_metric(kind, store.get_sweep(check_sweep_ids(sweep_ids)[0]).spec)
+
+
+TITLES = {
+    "layer_profile": "{metric}: profile over layers",
+    "depth_scaling": "{metric} against {x}",
+    "training_curves": "{metric} during training",
+}
+
+
+def make_compare_plot(
+    store: Store,
+    sweep_ids: Sequence[int],
+    kind: str,
+    *,
+    metric: str | list[str] | None = None,
+    fmt: str = "png",
+    x: str | None = None,
+    group_by: str | None = None,
+    epoch: EpochArg = None,
+    layer: int | None = None,
+    where: dict[str, Any] | None = None,
+    stat: str | None = None,
+    band: str | None = None,
+    nonfinite: str | None = None,
+    xscale: str | None = None,
+    yscale: str | None = None,
+) -> bytes:
+    """One figure of several sweeps as PNG or SVG bytes: `kind` one of COMPARE_KINDS, one line
+    per sweep (group_by default `sweep`) and per value of what varies within it.
+
+    Args:
+        metric: None = the kind's default (compare_metric); several for training_curves.
+        epoch: a recorded epoch, "last" (the latest recorded) or None (the kind's default).
+        where: config filters, applied to every sweep.
+        stat, band, nonfinite, xscale, yscale: as service.plots.render.
+
+    Raises:
+        InvalidInput: a kind that is not a line kind (field `kind`), as compare_frame and as
+            service.plots.render, naming the field.
+        NotFound: a sweep that does not exist.
+        LimitExceeded: a sweep's read over Settings.max_points.
+    """
+    check_compare_kind(kind)
+    check_choice(fmt, FORMATS, "format")
+    ids = check_sweep_ids(sweep_ids)
+    metric = metric or compare_metric(store, ids, kind)
+    metrics = [metric] if isinstance(metric, str) else list(metric)
+    group_by = group_by or "sweep"
+    depths = compare_depths(store, ids)
+    frame = compare_frame(
+        store,
+        ids,
+        metrics=metrics,
+        epoch=epochs_to_read(kind, epoch, x, group_by),
+        layers=layers_to_read(kind, layer, x, group_by, depths),
+        where=where,
+    ).drop(columns="sweep_id")
+    at = epoch
+    if epoch == "last":
+        at = int(frame["epoch"].max()) if not frame.empty else None
+    shown = metrics if len(metrics) > 1 else metrics[0]
+    title = TITLES[kind].format(metric=", ".join(metrics), x=x or "depth")
+    title += ": sweeps " + ", ".join(str(s) for s in ids)
+    return render(
+        kind, frame, metric=shown, fmt=fmt, x=x, group_by=group_by, epoch=at,  # type: ignore[arg-type]
+        layer=layer, title=title, stat=stat, band=band, nonfinite=nonfinite, xscale=xscale,
+        yscale=yscale,
+    )  # fmt: skip

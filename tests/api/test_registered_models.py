@@ -1,0 +1,129 @@
+"""A spec can never make the server import code (issue 11, docs/models.md "The security rule"):
+a model the server's configuration did not register is a 422 over the real HTTP API naming the
+registered ones, and nothing the request names is imported — module names, "module:attr" and
+dotted paths, Python expressions, YAML's Python tags. A model the configuration registered
+(ISOSWEEP_MODEL_MODULES) is accepted, its model_params validated by its own class."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from api_support import spec
+
+from service import models
+from service.settings import get_settings
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "registered_model"
+CANARY = "isosweep_canary_model"
+BUILTINS = "mlp, resmlp, cnn, transformer"
+
+
+@pytest.fixture
+def registry(monkeypatch, tmp_path):
+    """A fresh registry (nothing imported yet, the settings read anew) and, importable from
+    sys.path, a canary module that leaves a file behind if anything imports it."""
+    monkeypatch.setattr(models, "_REGISTRY", {})
+    monkeypatch.setattr(models, "_loaded", False)
+    monkeypatch.delenv("ISOSWEEP_MODEL_MODULES", raising=False)
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    monkeypatch.delitem(sys.modules, "wide_mlp", raising=False)
+    marker = tmp_path / "imported"
+    (tmp_path / f"{CANARY}.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('imported')\n"
+        "def build(*args, **kwargs):\n    raise SystemExit('called')\n",
+        encoding="utf-8",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    get_settings.cache_clear()
+    yield marker
+    get_settings.cache_clear()
+    sys.modules.pop("wide_mlp", None)
+    sys.modules.pop(CANARY, None)
+
+
+@pytest.fixture
+def with_wide_mlp(registry, monkeypatch):
+    monkeypatch.setenv("ISOSWEEP_MODEL_MODULES", "wide_mlp")
+    get_settings.cache_clear()
+    return registry
+
+
+NAMES = [
+    CANARY,
+    f"{CANARY}:build",
+    f"{CANARY}.build",
+    "os",
+    "subprocess:run",
+    "os.path",
+    "this",  # prints the Zen of Python when imported: a second canary
+    "importlib.import_module",
+    f"__import__('{CANARY}')",
+    "../../examples/registered_model/wide_mlp",
+    "wide_mlp",  # importable here, but not in the server's configuration
+]
+
+
+def _refused(api, model: str, registered: str) -> None:
+    before = set(sys.modules)
+    r = api.post("/sweeps", json=spec(model=model, epochs=0, seeds=1))
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_input"
+    assert f"unknown model {model!r}" in err["message"]
+    assert f"the server knows {registered}" in err["message"]
+    new = set(sys.modules) - before
+    head = model.split(":")[0].split(".")[0]
+    assert not {n for n in new if n in (model, head) or n.startswith(CANARY)}, new
+    assert api.get("/sweeps").json()["count"] == 0
+
+
+@pytest.mark.parametrize("model", NAMES)
+def test_an_unregistered_model_is_refused_and_nothing_is_imported(api, registry, model):
+    _refused(api, model, BUILTINS)
+    assert not registry.exists(), "the canary module was imported"
+    assert CANARY not in sys.modules and "this" not in sys.modules
+    assert "wide_mlp" not in sys.modules
+
+
+def test_a_yaml_python_tag_is_refused_and_nothing_is_imported(api, registry):
+    text = (
+        f"name: tag\nparameters:\n  model: !!python/object/apply:{CANARY}.build []\n  epochs: 0\n"
+    )
+    r = api.post("/sweeps", content=text, headers={"Content-Type": "application/yaml"})
+    assert r.status_code == 422, r.text
+    assert not registry.exists() and CANARY not in sys.modules
+
+
+def test_the_refusal_names_the_registered_models(api, with_wide_mlp):
+    _refused(api, "os", f"{BUILTINS}, wide_mlp")
+    _refused(api, f"{CANARY}:build", f"{BUILTINS}, wide_mlp")
+    assert not with_wide_mlp.exists()
+
+
+def test_a_registered_model_is_accepted(api, with_wide_mlp):
+    r = api.post("/sweeps", json=spec(model="wide_mlp", depth=[2, 3], seeds=1))
+    assert r.status_code == 201, r.text
+    trials = api.get(f"/sweeps/{r.json()['id']}/trials").json()["data"]
+    assert {t["config"]["model"] for t in trials} == {"wide_mlp"}
+    # the defaults of its own parameters are stored with it: equal networks hash equal
+    assert trials[0]["config"]["model_params"] == {
+        "expansion": 2,
+        "activation": "relu",
+        "layer_norm": True,
+    }
+
+
+def test_model_params_of_the_wrong_type_are_a_422_naming_the_field(api, with_wide_mlp):
+    r = api.post("/sweeps", json=spec(model="wide_mlp", model_params=[{"expansion": "wide"}]))
+    assert r.status_code == 422, r.text
+    assert "model_params.expansion" in r.json()["error"]["message"]
+
+
+def test_the_canary_shows_an_import_when_the_configuration_names_it(registry, monkeypatch):
+    """The checks above are not vacuous: the server's own setting does import the module."""
+    monkeypatch.setenv("ISOSWEEP_MODEL_MODULES", CANARY)
+    get_settings.cache_clear()
+    assert models.registered() == {}  # it registers nothing, but it ran
+    assert registry.read_text() == "imported" and CANARY in sys.modules

@@ -1,0 +1,152 @@
+"""Packed trials through the runner (Ray Tune, the store): every member's rows stored once, each
+member's own end (divergence), cancel, and a SIGKILLed runner resumed with exactly the expected
+rows — per member, as per trial unpacked (docs/architecture.md, "Packed trials")."""
+
+from __future__ import annotations
+
+import signal
+
+import numpy as np
+import pytest
+from expected_rows import expected_keys, row_keys
+from support import TINY
+from test_runner import kill_session, session_pids, start_runner, wait_until
+
+from service.config import SCALAR_METRICS, TrialConfig
+from service.models import layer_metrics
+from service.spec import parse_spec
+from service.store import Store
+from workers.driver import run_sweep
+from workers.train import fit
+
+RUNNER = "host:1"
+
+
+def spec(name: str, parameters: dict, **top) -> dict:
+    return {"name": name, "parameters": {**TINY, **parameters}, **top}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_packed_sweep_stores_every_member_as_fit_records_it(database_url, ray_local):
+    """6 trials in packs of up to 3 (lr and seed differ inside a pack), one of them diverging:
+    it alone is `diverged`; every row is stored once; epoch 0's probe metrics are fit()'s bit
+    for bit, trained values within the packed tolerance (tests/workers/test_packed.py)."""
+    body = spec(
+        "packed",
+        {"depth": 3, "epochs": 2, "norm": "none", "init_gain": 2.0, "lr": [0.01, 1e6, 0.02]},
+        seeds=2,
+        pack=3,
+    )
+    with Store(database_url) as store:
+        sweep = store.create_sweep(parse_spec(body))
+        store.claim_sweep(RUNNER, 60, sweep_id=sweep.id)
+        info = run_sweep(store, sweep.id, runner_id=RUNNER)
+        assert info.status == "completed"
+        trials, _ = store.list_trials(sweep.id)
+        status = {t.config["lr"]: set() for t in trials}
+        for t in trials:
+            status[t.config["lr"]].add(t.status)
+        assert status == {0.01: {"completed"}, 1e6: {"diverged"}, 0.02: {"completed"}}
+        keys = row_keys(store.read_metrics(sweep.id))
+        assert len(keys) == len(set(keys))
+        want = set()
+        for t in trials:
+            config = TrialConfig(**t.config)
+            recs = list(fit(config))
+            for rec in recs:
+                want |= {(t.id, rec["epoch"], m, None) for m in SCALAR_METRICS}
+                want |= {
+                    (t.id, rec["epoch"], m, ell)
+                    for m in layer_metrics(config)
+                    for ell in range(1, config.depth + 1)
+                }
+            for m in ("isometry_gap/act", "grad_norm", "weight_isometry_gap"):
+                epochs, values = store.trial_history(t.id, m)
+                assert list(epochs) == [r["epoch"] for r in recs], (t.id, m)
+                np.testing.assert_array_equal(values[0], recs[0][m])  # epoch 0: bit for bit
+                for got, rec in zip(values[1:], recs[1:], strict=True):
+                    fin = np.isfinite(rec[m])
+                    np.testing.assert_allclose(got[fin], rec[m][fin], rtol=1e-3)
+        assert set(keys) == want
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_cancel_stops_every_member_of_a_pack(database_url, ray_local):
+    import threading
+    import time
+
+    body = spec("cancel-pack", {"depth": 4, "epochs": 200}, seeds=4, pack=4)
+    with Store(database_url) as store:
+        sweep = store.create_sweep(parse_spec(body))
+        store.claim_sweep(RUNNER, 60, sweep_id=sweep.id)
+
+        def cancel_after_records():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if len(store.read_metrics(sweep.id, metrics="train_loss")) >= 8:
+                    break
+                time.sleep(0.2)
+            store.request_cancel(sweep.id)
+
+        canceller = threading.Thread(target=cancel_after_records)
+        canceller.start()
+        info = run_sweep(store, sweep.id, runner_id=RUNNER)
+        canceller.join(1.0)
+        assert info.status == "cancelled"
+        trials, _ = store.list_trials(sweep.id)
+        assert {t.status for t in trials} == {"cancelled"}
+        frame = store.read_metrics(sweep.id, metrics="train_loss")
+        for t in trials:
+            epochs = sorted(frame.epoch[frame.trial_id == t.id])
+            assert epochs == list(range(len(epochs))) and len(epochs) < 201  # a prefix, stopped
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_killed_runner_resumes_a_packed_sweep_with_exactly_the_expected_rows(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    store = Store(url)
+    body = spec("crash-pack", {"depth": 3, "epochs": 8}, seeds=12, pack=4)  # 3 packs of 4
+    sweep = store.create_sweep(parse_spec(body))
+    first = start_runner(url, tmp_path / "first.log")
+
+    def a_pack_done_not_all():
+        trials, _ = store.list_trials(sweep.id)
+        done = sum(t.status == "completed" for t in trials)
+        return 4 <= done < len(trials)
+
+    try:
+        wait_until(a_pack_done_not_all, 300, "a pack to complete", proc=first)
+    finally:
+        kill_session(first)
+    assert session_pids(first.pid) == []
+    before = {t.id: t for t in store.list_trials(sweep.id)[0]}
+    completed = {i for i, t in before.items() if t.status == "completed"}
+
+    second = start_runner(url, tmp_path / "second.log")
+    try:
+        wait_until(
+            lambda: store.get_sweep(sweep.id).status == "completed", 300, "the resume", second
+        )
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            code = second.wait(60)
+        finally:
+            kill_session(second)
+    assert code == 0, (tmp_path / "second.log").read_text()[-3000:]
+    after = {t.id: t for t in store.list_trials(sweep.id)[0]}
+    assert {t.status for t in after.values()} == {"completed"}
+    for i in completed:  # not run again
+        b, a = before[i], after[i]
+        assert (a.attempts, a.started_at, a.finished_at) == (
+            b.attempts,
+            b.started_at,
+            b.finished_at,
+        )
+    keys = row_keys(store.read_metrics(sweep.id))
+    assert len(keys) == len(set(keys))
+    assert set(keys) == expected_keys(after.values())
+    store.close()
