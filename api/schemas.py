@@ -60,11 +60,23 @@ class ErrorPublic(BaseModel):
 # --- sweeps and trials ----------------------------------------------------------------------
 
 
+class BestTrial(BaseModel):
+    """The best completed trial so far of a sweep with a search objective or early stopping."""
+
+    trial_id: int
+    value: float = Field(description="its objective (the spec's metric at its epoch)")
+    epoch: int = Field(description="the epoch the value was recorded at")
+    metric: str
+    mode: Literal["min", "max"]
+
+
 class SweepPublic(SweepInfo):
     """A sweep with its trials' counts by status, progress (0..1) and ETA (the store's
-    SweepInfo, with its status as an enum in the schema)."""
+    SweepInfo, with its status as an enum in the schema); `best` for one sweep read with a
+    search objective or early stopping (null otherwise, and in lists)."""
 
     status: SweepStatus
+    best: BestTrial | None = None
 
 
 class SweepsPublic(BaseModel):

@@ -1,16 +1,39 @@
-"""The GPU path, for a machine that has one: the same small sweep run twice through the runner
-on a local Ray instance — with `resources: {cpu: 1, gpu: 0.25}` (four trials share the GPU) and
-with `{cpu: 1, gpu: 0}` (CPU only) — printing where each trial ran and trials/s of both.
+"""The GPU path, for a machine that has one (issue 13, docs/architecture.md "Packed trials"):
+CUDA's numbers against the CPU's, then one sweep run through the runner (workers.driver.run_sweep
+on a local Ray) packed and unpacked with `resources: {cpu: 1, gpu: 0.25}` (four Tune trials
+share the GPU) and on the 2-core CPU runner, printing trials/s and where each trial ran.
 
-    .venv/bin/python bench/gpu_sweep.py [--cpus 4] [--epochs 5]
+    .venv/bin/python bench/gpu_sweep.py          # checks + the 64-trial sweep: ~3 minutes (H200)
+    .venv/bin/python bench/gpu_sweep.py --all    # and the 1024-trial packed sweep: ≲ 8 minutes
 
-It exits with status 1 if any GPU-side trial did not run on CUDA (the check the GPU path needs);
-on a machine without a CUDA device it says so and exits 0 (nothing to measure).
+1. CUDA against CPU, in this process: the same configs through `workers.train.fit` on "cpu"
+   (one thread) and "cuda:0" — every family, float32 and float64 — epoch-0 records compared key
+   by key (CHECK_RTOL: 1e-4 relative for float32 losses, gaps and every other metric, accuracies
+   within one sample; 1e-9 for float64; non-finite entries where the CPU's are). TF32 is off
+   (workers.train.set_cuda_precision; ISOSWEEP_ALLOW_TF32 unset), else float32 matmuls keep 10
+   mantissa bits and these gaps move by ~1e-3. A trained epoch's gaps are printed, not checked
+   (rounding grows through training). A pack on CUDA against its members alone on CUDA: every
+   epoch-0 value ≤ 1e-6 relative (PACK_RTOL, the issue's bound).
+2. The sweep (SWEEP: depth 100, width 128, 1 epoch on `gaussian`, seeds × 2 inits): packed
+   (`pack` unset: the automatic size) and unpacked (`pack: 1`) on `gpu: 0.25`, and the first
+   `--cpu-trials` of it on a local Ray of 2 CPUs without a GPU, packed and unpacked (the CPU
+   runner; trials/s is a rate, so a sample of the same trials measures it). Times are run_sweep's
+   (Ray already started; its start is printed apart).
+3. `--all`: the same trial shape as a 1024-trial packed sweep, against the rates of 2 (targets:
+   ≥ 50× the 2-core CPU runner, ≥ 10× unpacked gpu 0.25). Sized down — and said so — when the
+   packed rate measured in 2 predicts more than the time left of `--budget-s`.
+
+Exit status 1 if a trial given a GPU did not run on CUDA (its DEVICE_KEY, recorded in the
+sweep's progress) or a CUDA number is outside its tolerance; on a machine without a CUDA device
+it says so and exits 0 (nothing to measure).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import platform
 import sys
 import tempfile
 import time
@@ -18,68 +41,350 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from service.spec import expand, parse_spec
-from service.store import Store
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from service.spec import parse_spec  # noqa: E402
+
+SWEEP = {"depth": 100, "width": 128, "epochs": 1, "dataset": "gaussian"}
+GPU_SHARE = 0.25
+# configs checked CUDA against CPU at epoch 0: every family, and float64
+CHECKS: dict[str, dict[str, Any]] = {
+    "mlp d20 gaussian-init": dict(depth=20, width=64, dataset="digits", init="gaussian"),
+    "mlp d20 orthogonal": dict(depth=20, width=64, dataset="digits", init="orthogonal", seed=1),
+    "mlp d100 w128 (the sweep's)": dict(SWEEP, epochs=0, seed=2),
+    "mlp d20 layer-norm tanh": dict(
+        depth=20, width=64, dataset="digits", norm="layer", activation="tanh", seed=3
+    ),
+    "resmlp": dict(model="resmlp", depth=4, width=32, dataset="digits"),
+    "cnn": dict(model="cnn", depth=2, width=8, dataset="digits"),
+    "transformer": dict(
+        model="transformer", depth=2, width=16, heads=2, norm="layer", dataset="digits"
+    ),
+    "mlp d20 float64": dict(depth=20, width=64, dataset="digits", dtype="float64"),
+}
+CHECK_RTOL = {"float32": 1e-4, "float64": 1e-9}
+CHECK_ATOL = 1e-6  # values near zero (mean cosines, …): an absolute floor, float32
+ACC_ATOL = 1 / 300  # an accuracy: one sample of a few hundred may flip on a near-tie
+PACK_RTOL = 1e-6  # a pack's batched epoch-0 losses against its members alone
+SKIP = {"epoch", "epoch_time_s", "diverged"}
 
 
-def spec(name: str, gpu: float, epochs: int) -> dict[str, Any]:
-    """16 trials: 2 depths × 2 inits × 4 seeds, wide enough that a GPU has work to do."""
-    return {
+def numeric(rec: dict[str, Any]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in rec.items():
+        if k in SKIP or isinstance(v, bool | str) or v is None:
+            continue
+        out[k] = np.asarray(v, dtype=np.float64)
+    return out
+
+
+def rel_gap(a: np.ndarray, b: np.ndarray, atol: float) -> tuple[float, bool]:
+    """max |a − b| / (|b| + atol) over finite entries, and whether the non-finite entries agree."""
+    same_pattern = bool(np.array_equal(np.isfinite(a), np.isfinite(b)))
+    fin = np.isfinite(a) & np.isfinite(b)
+    if not fin.any():
+        return 0.0, same_pattern
+    return float(np.max(np.abs(a[fin] - b[fin]) / (np.abs(b[fin]) + atol))), same_pattern
+
+
+# --- 1. CUDA against CPU ------------------------------------------------------------------------
+
+
+def check_cuda_against_cpu() -> list[str]:
+    """Epoch-0 (and one trained epoch, printed only) of each CHECKS config on cpu and cuda:0;
+    the failures."""
+    from service.config import TrialConfig
+    from workers.train import fit
+
+    print("\n## 1. CUDA against CPU (workers.train.fit, epoch 0; CPU on one thread)")
+    failures = []
+    for label, params in CHECKS.items():
+        config = TrialConfig(**{"epochs": 0, **params})
+        cpu = numeric(next(iter(fit(config, threads=1))))
+        cuda = numeric(next(iter(fit(config, device="cuda:0"))))
+        if cpu.keys() != cuda.keys():
+            failures.append(f"CUDA vs CPU, {label}: fields {sorted(cpu.keys() ^ cuda.keys())}")
+            continue
+        rtol = CHECK_RTOL[config.dtype]
+        atol = CHECK_ATOL if config.dtype == "float32" else 1e-12
+        worst, worst_key, bad, singular = 0.0, "", [], 0.0
+        for key, want in cpu.items():
+            got = cuda[key]
+            if got.shape != want.shape:
+                bad.append(f"{key} (shape {got.shape} ≠ {want.shape})")
+                continue
+            if key.startswith("range_isometry_gap/"):
+                # where the Gram is structurally singular (isometry_gap +inf) a conservative rank
+                # bound can count an eigenvalue at rounding level: that range gap is rounding
+                # (tests/workers/test_packed.py holds packs to the same rule); shown apart
+                full = np.isfinite(cpu[key.replace("range_", "", 1)])
+                singular = max(singular, rel_gap(got[~full], want[~full], atol)[0])
+                got, want = got[full], want[full]
+            gap, same = rel_gap(got, want, atol)
+            limit = ACC_ATOL if key.endswith("_acc") else rtol
+            if key.endswith("_acc"):
+                gap = float(np.max(np.abs(cuda[key] - want)))  # absolute, a count's share
+            if not same or gap > limit:
+                bad.append(f"{key} ({'non-finite differ' if not same else f'{gap:.2e}'})")
+            if not key.endswith("_acc") and gap > worst:
+                worst, worst_key = gap, key
+        status = "ok" if not bad else "FAIL " + ", ".join(bad[:6])
+        print(
+            f"  {label:28s} max rel gap {worst:.2e} ({worst_key}); tolerance {rtol:g}: {status}"
+            f"; range gaps of singular Grams, not checked: {singular:.1e}"
+        )
+        if bad:
+            failures.append(f"CUDA vs CPU, {label}: {', '.join(bad)}")
+    trained = TrialConfig(depth=20, width=64, dataset="digits", epochs=1)
+    a, b = (numeric(list(fit(trained, device=d, threads=1))[-1]) for d in ("cpu", "cuda:0"))
+    gaps = {k: rel_gap(b[k], v, CHECK_ATOL)[0] for k, v in a.items() if not k.endswith("_acc")}
+    top = sorted(gaps.items(), key=lambda kv: -kv[1])[:3]
+    print(
+        "  after 1 trained epoch (mlp d20, printed only): largest rel gaps "
+        + ", ".join(f"{k} {v:.2e}" for k, v in top)
+    )
+    return failures
+
+
+def check_pack_on_cuda() -> list[str]:
+    """4 members of the sweep's shape packed on cuda:0 against each alone on cuda:0, epoch 0:
+    every value within PACK_RTOL (the pack's forward, backward and factorizations are batched
+    kernels: bit-identical only where they round alike)."""
+    from service.config import TrialConfig
+    from workers.packed import fit_packed
+    from workers.train import fit
+
+    print("\n## 1b. A pack on CUDA against its members alone on CUDA (epoch 0)")
+    configs = [
+        TrialConfig(**{**SWEEP, "epochs": 0}, seed=s, init=("gaussian", "orthogonal")[s % 2])
+        for s in range(4)
+    ]
+    packed: dict[int, dict[str, Any]] = {}
+    for i, rec in fit_packed(configs, device="cuda:0"):
+        packed.setdefault(i, numeric(rec))
+    failures, identical, total, worst, worst_key = [], 0, 0, 0.0, ""
+    for i, c in enumerate(configs):
+        alone = numeric(next(iter(fit(c, device="cuda:0"))))
+        for key, want in alone.items():
+            got = packed[i][key]
+            total += 1
+            identical += got.tobytes() == want.tobytes()
+            gap, same = rel_gap(got, want, 0.0)
+            if gap > worst:
+                worst, worst_key = gap, key
+            if gap > PACK_RTOL or not same:
+                failures.append(f"pack on CUDA, member {i}: {key} {gap:.2e}")
+    print(
+        f"  bit-identical: {total and identical} of {total} record fields; max rel gap "
+        f"{worst:.2e} ({worst_key}); bound {PACK_RTOL:g}: {'FAIL' if failures else 'ok'}"
+    )
+    return failures
+
+
+# --- 2. sweeps through the runner ---------------------------------------------------------------
+
+
+def sweep_spec(name: str, trials: int, *, gpu: float, pack: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "name": name,
-        "parameters": {
-            "depth": [32, 64],
-            "init": ["gaussian", "orthogonal"],
-            "width": 512,
-            "batch_size": 256,
-            "norm": "batch",
-            "dataset": "gaussian",
-            "epochs": epochs,
-        },
-        "seeds": 4,
+        "parameters": {**SWEEP, "init": ["gaussian", "orthogonal"]},
+        "seeds": max(trials // 2, 1),
         "resources": {"cpu": 1, "gpu": gpu},
         "rerun": True,
     }
+    if pack is not None:
+        body["pack"] = pack
+    return body
 
 
-def run(store: Store, body: dict[str, Any], num_cpus: int, num_gpus: int) -> tuple[float, Counter]:
-    from workers.driver import init_ray, run_sweep
+def auto_pack(trials: int, cpus: float, gpu: float) -> int:
+    """The pack size the driver picks for `pack` unset (workers.driver.pack_size): slots are
+    the trials a local Ray of `cpus` CPUs (and one GPU when `gpu` > 0) runs at once."""
+    from service.config import TrialConfig
+    from service.packs import auto_pack_size
+
+    slots = min(cpus, 1 / gpu) if gpu > 0 else cpus
+    return auto_pack_size(TrialConfig(**SWEEP), trials_left=trials, slots=max(1, int(slots)))
+
+
+def start_ray(num_cpus: int, num_gpus: int) -> float:
+    import ray
+
+    from workers.driver import init_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start = time.perf_counter()
+    init_ray(num_cpus=num_cpus, num_gpus=num_gpus)
+    return time.perf_counter() - start
+
+
+def run(store: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """One sweep through run_sweep on the Ray instance up: seconds, trials, where each ran."""
+    from service.status import TrialStatus
+    from workers.driver import run_sweep
 
     sweep = store.create_sweep(parse_spec(body))
     store.claim_sweep("bench-gpu", 600, sweep_id=sweep.id)
-    init_ray(num_cpus=num_cpus, num_gpus=num_gpus)
     devices: dict[int, str] = {}
     start = time.perf_counter()
     info = run_sweep(
         store, sweep.id, runner_id="bench-gpu", progress=lambda p: devices.update(p.devices)
     )
     elapsed = time.perf_counter() - start
-    assert info.status == "completed", info
-    return elapsed, Counter(devices.values())
+    n = sweep.n_trials
+    completed = info.counts.get(TrialStatus.COMPLETED, 0)
+    return {
+        "s": elapsed,
+        "n": n,
+        "rate": n / elapsed,
+        "completed": completed,
+        "status": info.status,
+        "devices": devices,
+    }
+
+
+def show(label: str, r: dict[str, Any]) -> None:
+    where = dict(Counter(r["devices"].values()))
+    missing = r["n"] - len(r["devices"])
+    print(
+        f"  {label:34s} {r['n']:5d} trials in {r['s']:7.1f} s = {r['rate']:8.2f} trials/s; "
+        f"{r['completed']} completed ({r['status']}); ran on {where}"
+        + (f", {missing} never reported" if missing else "")
+    )
+
+
+def gpu_failures(label: str, r: dict[str, Any]) -> list[str]:
+    """The sweep given a GPU: every trial completed and reported a CUDA device."""
+    out = []
+    not_cuda = {t: d for t, d in r["devices"].items() if not d.startswith("cuda")}
+    if not_cuda:
+        out.append(f"{label}: {len(not_cuda)} trials given a GPU ran on {set(not_cuda.values())}")
+    if len(r["devices"]) < r["n"]:
+        out.append(f"{label}: {r['n'] - len(r['devices'])} trials never reported a device")
+    if r["completed"] != r["n"]:
+        out.append(f"{label}: {r['completed']} of {r['n']} trials completed ({r['status']})")
+    return out
+
+
+def rate(r: dict[str, Any]) -> float:
+    """Trials/s of a sweep whose trials all completed, else NaN (no rate to compare)."""
+    return r["rate"] if r["completed"] == r["n"] else math.nan
+
+
+def ratio(name: str, num: float, den: float, target: float | None = None) -> None:
+    if not (math.isfinite(num) and math.isfinite(den)):
+        print(f"  {name}: n/a (a side did not complete)")
+        return
+    verdict = ""
+    if target is not None:
+        verdict = f" (target ≥ {target:g}×: {'met' if num / den >= target else 'MISSED'})"
+    print(f"  {name}: {num / den:.2f}×{verdict}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--cpus", type=int, default=4, help="CPUs given to the local Ray")
+    parser.add_argument("--all", action="store_true", help="add the 1024-trial packed sweep")
+    parser.add_argument("--trials", type=int, default=64, help="the sweep's trials (default 64)")
+    parser.add_argument("--cpu-trials", type=int, default=8, help="of them on the CPU runner")
+    parser.add_argument("--big-trials", type=int, default=1024, help="--all's sweep (1024)")
+    parser.add_argument("--big-pack", type=int, default=None, help="--all's pack (default auto)")
+    parser.add_argument("--cpus", type=int, default=8, help="CPUs of the GPU sweeps' Ray")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="the whole run's time; --all's sweep is sized to what is left",
+    )
+    parser.add_argument("--skip-checks", action="store_true", help="no CUDA-vs-CPU checks")
     args = parser.parse_args(argv)
+    began = time.perf_counter()
     if not torch.cuda.is_available():
-        print("no CUDA device here: nothing to measure (run this on a GPU machine)")
+        print(
+            f"no CUDA device here (torch {torch.__version__}, CUDA build "
+            f"{torch.version.cuda}): nothing to measure (run this on a GPU machine)"
+        )
         return 0
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
-    gpu_spec, cpu_spec = spec("gpu", 0.25, args.epochs), spec("cpu", 0.0, args.epochs)
-    n_trials = len(expand(parse_spec(gpu_spec)))  # the same grid in both
+    import ray
+
+    from service.store import Store
+    from workers.train import set_cuda_precision
+
+    set_cuda_precision("cuda:0")
+    props = torch.cuda.get_device_properties(0)
+    print(
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}), ray {ray.__version__}, "
+        f"python {platform.python_version()}; {torch.cuda.get_device_name(0)}, "
+        f"{props.total_memory / 2**30:.0f} GiB, {torch.cuda.device_count()} device(s); "
+        f"{os.cpu_count()} CPUs; TF32 matmul {torch.backends.cuda.matmul.allow_tf32}, "
+        f"cudnn {torch.backends.cudnn.allow_tf32} "
+        f"(ISOSWEEP_ALLOW_TF32={os.environ.get('ISOSWEEP_ALLOW_TF32', 'unset')})"
+    )
+    failures: list[str] = []
+    if not args.skip_checks:
+        failures += check_cuda_against_cpu()
+        failures += check_pack_on_cuda()
+        print(f"  [checks took {time.perf_counter() - began:.0f} s]")
+
+    n = args.trials
+    print(f"\n## 2. {n} trials of {SWEEP} × init × seeds through run_sweep")
+    results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as tmp, Store(f"sqlite:///{Path(tmp) / 'g.db'}") as store:
-        gpu_s, gpu_devices = run(store, gpu_spec, args.cpus, 1)
-        cpu_s, cpu_devices = run(store, cpu_spec, args.cpus, 1)
-    for label, secs, where in (("gpu 0.25", gpu_s, gpu_devices), ("cpu only", cpu_s, cpu_devices)):
-        rate = f"{n_trials / secs:6.2f} trials/s"
-        print(f"{label}: {n_trials} trials in {secs:6.1f} s = {rate} on {dict(where)}")
-    print(f"ratio (GPU trials/s over CPU trials/s): {cpu_s / gpu_s:.2f}")
-    if not gpu_devices or not all(d.startswith("cuda") for d in gpu_devices):
-        print("FAIL: some GPU trials did not run on CUDA", file=sys.stderr)
+        ray_s = start_ray(args.cpus, 1)
+        print(f"  [a local Ray of {args.cpus} CPUs and 1 GPU started in {ray_s:.1f} s]")
+        print(
+            f"  [pack unset → {auto_pack(n, args.cpus, GPU_SHARE)} on the GPU, "
+            f"{auto_pack(args.cpu_trials, 2, 0)} on the CPU runner]"
+        )
+        for label, pack in (("packed gpu 0.25", None), ("unpacked gpu 0.25", 1)):
+            r = run(store, sweep_spec(label, n, gpu=GPU_SHARE, pack=pack))
+            results[label] = r
+            show(label, r)
+            failures += gpu_failures(label, r)
+        ray_s = start_ray(2, 0)
+        print(f"  [a local Ray of 2 CPUs, no GPU, started in {ray_s:.1f} s]")
+        for label, pack in (("CPU runner packed", None), ("CPU runner unpacked", 1)):
+            r = run(store, sweep_spec(label, args.cpu_trials, gpu=0.0, pack=pack))
+            results[label] = r
+            show(label, r)
+        cpu_rates = [rate(results[k]) for k in ("CPU runner packed", "CPU runner unpacked")]
+        cpu_rate = max((x for x in cpu_rates if math.isfinite(x)), default=math.nan)
+        packed, unpacked = rate(results["packed gpu 0.25"]), rate(results["unpacked gpu 0.25"])
+        ratio("packed gpu / unpacked gpu 0.25", packed, unpacked)
+        ratio("packed gpu / the CPU runner (its faster side)", packed, cpu_rate)
+        ratio("unpacked gpu 0.25 / the CPU runner", unpacked, cpu_rate)
+
+        if args.all:
+            left = args.budget_s - (time.perf_counter() - began) - 30.0  # Ray's start, the end
+            measured = packed if math.isfinite(packed) else results["packed gpu 0.25"]["rate"]
+            fits = int(left * measured * 0.8)  # the packed rate of 2, with a margin
+            big = min(args.big_trials, max(fits // 2 * 2, 2))
+            size = args.big_pack or f"auto = {auto_pack(big, args.cpus, GPU_SHARE)}"
+            print(f"\n## 3. {big} trials packed (pack {size}, gpu 0.25), the same trial shape")
+            if big < args.big_trials:
+                print(
+                    f"  (sized down from {args.big_trials}: {left:.0f} s left of --budget-s at "
+                    f"{measured:.2f} trials/s; rerun with a larger --budget-s for the full size)"
+                )
+            ray_s = start_ray(args.cpus, 1)
+            print(f"  [a local Ray of {args.cpus} CPUs and 1 GPU started in {ray_s:.1f} s]")
+            label = f"{big} packed gpu 0.25"
+            r = run(store, sweep_spec(label, big, gpu=GPU_SHARE, pack=args.big_pack))
+            show(label, r)
+            failures += gpu_failures(label, r)
+            ratio("big packed / the 2-core CPU runner", rate(r), cpu_rate, 50.0)
+            ratio("big packed / unpacked gpu 0.25", rate(r), unpacked, 10.0)
+        ray.shutdown()
+    print(f"\n[total {time.perf_counter() - began:.0f} s]")
+    if failures:
+        for f in failures:
+            print(f"FAIL: {f}", file=sys.stderr)
         return 1
+    print("all checks passed: every trial given a GPU ran on CUDA; CUDA numbers within tolerance")
     return 0
 
 

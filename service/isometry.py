@@ -169,7 +169,7 @@ def cosine_gram(inputs: np.ndarray, *, zero: Literal["raise", "nan"] = "raise") 
     alive = norms > 0
     if alive.all():
         U = X / norms[:, None]
-        return unit_gram(U @ U.T)
+        return _unit_diagonal(U @ U.T)  # positive semi-definite by construction: no check
     if zero == "raise":
         raise InvalidInput("a sample is all zeros: its direction is undefined", field="inputs")
     C = np.full((len(X), len(X)), np.nan)
@@ -198,13 +198,21 @@ def unit_gram(gram: np.ndarray) -> np.ndarray:
     d = np.diag(G)
     if not (d > 0).all():
         raise InvalidInput("needs a positive diagonal (an all-zero input?)", field="input_gram")
-    C = G / np.sqrt(np.outer(d, d))
-    C = (C + C.T) / 2
+    C = (G / np.sqrt(np.outer(d, d)) + (G / np.sqrt(np.outer(d, d))).T) / 2
     lam_min = np.linalg.eigvalsh(C)[0]
     if lam_min < -1e-8 * C.shape[0]:
         raise InvalidInput(
             f"is not positive semi-definite (smallest eigenvalue {lam_min:.3g})", field="input_gram"
         )
+    return _unit_diagonal(G)
+
+
+def _unit_diagonal(G: np.ndarray) -> np.ndarray:
+    """G (symmetric, positive diagonal) rescaled to unit diagonal, symmetrized, entries clipped
+    to [−1, 1] and the diagonal set to exactly 1."""
+    d = np.diag(G)
+    C = G / np.sqrt(np.outer(d, d))
+    C = (C + C.T) / 2
     C = np.clip(C, -1.0, 1.0)
     np.fill_diagonal(C, 1.0)
     return C

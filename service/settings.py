@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     max_trial_memory_gb: float = Field(
         64.0, gt=0
     )  # estimate: weights, grads, optimizer, activations
+    # A sweep whose estimated time (service.cost) is over this is refused unless its spec says
+    # `accept_cost: true`.
+    max_sweep_hours: float = Field(24.0, gt=0)
 
     # Bounds on reads and requests.
     max_points: int = Field(2_000_000, ge=1)  # most values one metrics query may return

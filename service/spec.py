@@ -4,10 +4,12 @@ A list-valued parameter is a sweep axis, a scalar is fixed for every trial; `see
 the cartesian product of the axes. A parameter may also be a distribution ({uniform: [a, b]},
 {loguniform: [a, b]}, {int: [a, b]}, {choice: [...]}; service.sampling), from which the top-level
 `search: {kind: random | sobol, n: N, seed: S}` draws N points at submission: trials = grid cells
-× N × seeds, all known up front (docs/api.md, "Sampled parameters"). Every value goes through
-TrialConfig's own field validation, so an error names `parameters.<field>` and what is
-allowed. Limits that protect the machine (trial count, depth, width, batch size, epochs, a
-trial's memory estimate) come from Settings.
+× N × seeds, all known up front (docs/api.md, "Sampled parameters"). `search: {kind: tpe, …}`
+asks them of Optuna as trials finish (service/search/tpe.py: no trial is known up front), and
+`early_stop: {kind: successive_halving, …}` stops trials at rungs (service/search/halving.py).
+Every value goes through TrialConfig's own field validation, so an error names
+`parameters.<field>` and what is allowed. Limits that protect the machine (trial count, depth,
+width, batch size, epochs, a trial's memory estimate) come from Settings.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from service.config import (
 from service.documents import check_shape, load_yaml
 from service.errors import InvalidInput, LimitExceeded
 from service.sampling import Distribution, Search
+from service.search.halving import rungs
+from service.search.models import EarlyStop, TpeSearch
 from service.settings import Settings, get_settings
 
 SWEPT_BY_SPEC = tuple(f for f in CONFIG_FIELDS if f != "seed")  # `seeds` sets the seed
@@ -97,8 +101,18 @@ class SweepSpec(BaseModel):
         description="most trials trained as one batched model (docs/architecture.md, Packed "
         "trials); 1 = every trial alone; null = chosen from the trials' size and the cluster",
     )
-    search: Search | None = Field(
-        None, description="draws n points for the distribution parameters (service.sampling)"
+    search: Search | TpeSearch | None = Field(
+        None,
+        description="draws n points for the distribution parameters (service.sampling), or "
+        "asks them of Optuna's TPE as trials finish (kind: tpe; service/search/tpe.py)",
+    )
+    early_stop: EarlyStop | None = Field(
+        None, description="successive halving: stop trials at rungs (service/search/halving.py)"
+    )
+    accept_cost: bool = Field(
+        False,
+        description="run even when the cost estimate is over the budget (ISOSWEEP_MAX_SWEEP_HOURS;"
+        " service.cost)",
     )
 
     @field_validator("name")
@@ -114,6 +128,24 @@ class SweepSpec(BaseModel):
         if not isinstance(v, dict):
             raise InvalidInput("must be a mapping of TrialConfig fields", field="parameters")
         return {str(k): _normalize_parameter(str(k), value) for k, value in v.items()}
+
+    @field_validator("search", mode="before")
+    @classmethod
+    def _search_by_kind(cls, v: Any) -> Any:
+        # by `kind`, so that an error names `search.<field>` (not the union's branch)
+        if not isinstance(v, dict):
+            return v
+        model = TpeSearch if v.get("kind") == "tpe" else Search
+        if model is Search and v.get("kind") not in (*sampling.SEARCH_KINDS, None):
+            raise InvalidInput(
+                f"Input should be 'random' or 'sobol' (points drawn at submission) or 'tpe' "
+                f"(asked of Optuna as trials finish), not {v.get('kind')!r}",
+                field="search.kind",
+            )
+        try:
+            return model.model_validate(v, strict=True)
+        except ValidationError as exc:
+            raise capped_invalid(exc, where="search") from None
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -136,7 +168,13 @@ class SweepSpec(BaseModel):
                 "`search` (a list is a grid axis)",
                 field="search",
             )
+        _check_epochs(self)
         return self
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether trials are asked as the search goes (kind: tpe), not expanded up front."""
+        return isinstance(self.search, TpeSearch)
 
     @property
     def seed_list(self) -> list[int]:
@@ -174,6 +212,51 @@ class SweepSpec(BaseModel):
         """Axes' product × sampled points × seeds: the trials at most (`expand` drops points
         equal to others)."""
         return math.prod(len(v) for v in self.axes.values()) * self.n_points * _n_seeds(self)
+
+
+def _check_epochs(spec: SweepSpec) -> None:
+    """early_stop's grace_epochs and a tpe search's epoch K within every trial's epochs; a
+    per-layer metric's layer within every trial's depth."""
+    low: dict[str, int] = {}
+    for name in ("epochs", "depth"):
+        v = spec.parameters.get(name, getattr(TrialConfig(), name))
+        if isinstance(v, list):
+            v = min(v)
+        elif isinstance(v, dict):
+            v = sampling.distribution_of(v)
+            v = min(v.values) if isinstance(v, sampling.Choice) else v.a
+        low[name] = int(v)
+    stop = spec.early_stop
+    if stop is not None:
+        if stop.grace_epochs > low["epochs"]:
+            raise InvalidInput(
+                f"the first rung (epoch {stop.grace_epochs}) is after the last epoch of some "
+                f"trial ({low['epochs']}): lower grace_epochs or raise epochs",
+                field="early_stop.grace_epochs",
+            )
+        if stop.layer is not None and stop.layer > low["depth"]:
+            raise InvalidInput(
+                f"layer {stop.layer} is deeper than some trial ({low['depth']} blocks)",
+                field="early_stop.layer",
+            )
+    search = spec.search
+    if isinstance(search, TpeSearch):
+        if isinstance(search.epoch, int) and search.epoch > low["epochs"]:
+            raise InvalidInput(
+                f"epoch {search.epoch} is after the last epoch of some trial ({low['epochs']})",
+                field="search.epoch",
+            )
+        if search.layer is not None and search.layer > low["depth"]:
+            raise InvalidInput(
+                f"layer {search.layer} is deeper than some trial ({low['depth']} blocks)",
+                field="search.layer",
+            )
+
+
+def halving_rungs(spec: SweepSpec, epochs: int) -> list[int]:
+    """The early_stop rungs of a trial of `epochs` epochs (none without early_stop)."""
+    stop = spec.early_stop
+    return [] if stop is None else rungs(stop.grace_epochs, stop.reduction, epochs)
 
 
 def _n_seeds(spec: SweepSpec) -> int:
@@ -376,8 +459,22 @@ def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialConfig]:
                 field=f"parameters.{name}",
             )
     trials = expand(spec)
-    _check_memory(trials, settings)
+    _check_memory(trials or _corners(spec), settings)
     return trials
+
+
+def _corners(spec: SweepSpec) -> list[TrialConfig]:
+    """A tpe search's grid cells with every distribution at its top value: what its memory
+    check weighs (its trials are asked later)."""
+    tops = {k: d.top for k, d in spec.sampled.items()}
+    out = []
+    for values in itertools.product(*spec.axes.values()):
+        point = {**spec.fixed, **dict(zip(spec.axes, values, strict=True)), **tops}
+        try:
+            out.append(parse_trial_config(point))
+        except InvalidInput as exc:
+            raise InvalidInput(exc.message, field="parameters") from None
+    return out
 
 
 def _check_memory(trials: list[TrialConfig], settings: Settings) -> None:
@@ -409,9 +506,13 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
     """
     if spec._expanded is not None:  # parse_spec expanded it already (check_limits)
         return list(spec._expanded)
+    if spec.adaptive:  # asked as the search goes (service/search/tpe.py)
+        spec._expanded = []
+        return []
     axes = spec.axes
     names = list(axes)
-    draws = sampling.draw(spec.sampled, spec.search) if spec.search is not None else [{}]
+    search = spec.search
+    draws = sampling.draw(spec.sampled, search) if isinstance(search, Search) else [{}]
     trials: dict[TrialConfig, None] = {}  # insertion-ordered set: the first of equal configs
     for values in itertools.product(*axes.values(), draws, spec.seed_list):
         point = {**dict(zip(names, values[:-2], strict=True)), **values[-2]}

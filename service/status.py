@@ -9,8 +9,10 @@ as a plain string compares equal to its member, and nothing stored changes.
 A sweep is `queued` (waiting for a runner), `running` (held by a runner under a lease), then
 finished: `completed` (every trial completed or diverged), `failed` (some trial failed) or
 `cancelled`. A trial is `queued`, `running`, then finished: `completed`, `diverged` (a
-non-finite loss or metric; a result, and reusable like a completed one), `failed` or
-`cancelled`.
+non-finite loss or metric; a result, and reusable like a completed one), `failed`,
+`cancelled` or `stopped` (ended early by the spec's `early_stop` rule, service/search/halving.py:
+its records stay, its `error` says at which rung and why; not reused as a result). A sweep whose
+trials are completed, diverged or stopped is `completed`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class TrialStatus(StrEnum):
     DIVERGED = "diverged"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    STOPPED = "stopped"  # early stopping (successive halving)
 
     def is_finished(self) -> bool:
         """Whether the trial is over (its attempt ended; only a new sweep runs it again)."""

@@ -3,7 +3,8 @@
 - `StoreCallback` (a Tune callback on the driver) is the only writer of results: trial starts,
   batched records, final statuses. Trial processes never see the database, nor its URL.
 - `CancelStopper` reads the sweep's cancel flag (throttled) and stops every trial promptly; it
-  also stops a trial on its diverged record.
+  also stops a trial on its diverged record, and (with `EarlyStopper`, the spec's early_stop
+  rule) a trial the rule stops: `stopped`, its records kept, the rung and reason as its error.
 - `Heartbeat` holds the runner's lease from the claim on (Ray's start-up included), extending it
   every lease/3 s; once the lease is lost (another runner took the sweep over, or no heartbeat
   went through for a whole lease) the driver stops and writes nothing more.
@@ -26,12 +27,15 @@ from typing import Any
 from ray import tune
 
 from service.errors import Conflict, StorageError
+from service.search.halving import Halving
+from service.search.models import EarlyStop, metric_value
 from service.status import TrialStatus, trials_finished
 from service.store import Store
 from service.store.sweeps import LeaseLost
 from workers.trainable import (
     DEVICE_KEY,
     ERROR_KEY,
+    MEMBERS_KEY,
     PACK_SIZE_KEY,
     PARAM_KEY,
     TRIAL_KEY,
@@ -125,6 +129,49 @@ class DriverSide:
         return self
 
 
+class EarlyStopper(DriverSide):
+    """The spec's `early_stop` rule on the driver (service/search/halving.py): every record of
+    every trial passes through `__call__` once (CancelStopper calls it, before the callbacks
+    see the record), and a trial the rule stops gets its reason in `reasons`. A stop is moot
+    at a trial's last epoch (it completed); diverged records and records without the metric
+    are not judged. A packed member's stop goes to its pack through the run's StopBoard (`board`,
+    a Ray actor handle; workers/trainable.py); an unpacked trial's is Tune's (the stopper
+    returns True).
+
+    `halving` holds the rungs' values; a resumed run rebuilds them from the stored records
+    (`workers.driver.rebuild_halving`): a rung's cutoff depends on the set of values recorded
+    there, not on their order."""
+
+    def __init__(self, rule: EarlyStop, halving: Halving, final_epochs: dict[int, int]):
+        self.rule, self.halving, self.final_epochs = rule, halving, final_epochs
+        self.reasons: dict[int, str] = {}  # trial id → why it stopped
+        self.judged: dict[int, int] = {}  # trial id → the last epoch judged
+        self.board: Any = None
+
+    def __call__(self, tid: int, result: dict[str, Any]) -> bool:
+        """Whether trial `tid` is stopped (by this record, or an earlier one)."""
+        if tid in self.reasons:
+            return True
+        epoch = result.get("epoch")
+        if epoch is None or ERROR_KEY in result or result.get("diverged"):
+            return False
+        epoch = int(epoch)
+        if epoch <= self.judged.get(tid, -1):
+            return False
+        self.judged[tid] = epoch
+        value = metric_value(result, self.rule.metric, self.rule.layer)
+        if value is None:
+            return False
+        j = self.halving.observe(tid, epoch, value)
+        if j is None or not j.stop or epoch >= self.final_epochs.get(tid, epoch + 1):
+            return False
+        self.reasons[tid] = j.reason(self.rule.metric, self.rule.mode, self.rule.reduction)
+        log.info("trial %d stopped: %s", tid, self.reasons[tid])
+        if self.board is not None and int(result.get(PACK_SIZE_KEY, 1)) > 1:
+            self.board.add.remote(tid)
+        return True
+
+
 class StoreCallback(DriverSide, tune.Callback):
     """The only writer of results: trial starts, records in batches, final statuses.
 
@@ -150,7 +197,11 @@ class StoreCallback(DriverSide, tune.Callback):
         runner_id: str | None = None,
         flush_records: int = FLUSH_RECORDS,
         flush_s: float = FLUSH_S,
+        early: EarlyStopper | None = None,
+        on_finish: Callable[[int, str], None] | None = None,
     ):
+        self.early = early  # the spec's early_stop rule (its decisions: `early.reasons`)
+        self.on_finish = on_finish  # told (trial id, status) once a trial's outcome is stored
         self.store, self.control, self.tracker = store, control, tracker
         self.progress = progress
         self.final_epochs = final_epochs  # trial id → its config's last epoch
@@ -186,6 +237,10 @@ class StoreCallback(DriverSide, tune.Callback):
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
+        for r in member_results(result):  # a pack's epoch comes as one result of its members'
+            self._on_result(trial, r)
+
+    def _on_result(self, trial: Any, result: dict) -> None:
         tid = int(result.get(TRIAL_KEY, trial_key(trial)))  # a pack's results name their member
         if tid in self.skipped or tid in self.finished or self.control.lost.is_set():
             return
@@ -202,6 +257,8 @@ class StoreCallback(DriverSide, tune.Callback):
             self.flush()
         self._event("record", tid, done=self.tracker.done.get(tid, 0) + 1)
         final = record["diverged"] or record["epoch"] == self.final_epochs.get(tid)
+        if self.early is not None and self.early(tid, result):
+            final = True  # stopped early: its records end here
         if final and int(result.get(PACK_SIZE_KEY, 1)) > 1:
             self._finish(tid)  # a member's own end: the rest of its pack goes on
 
@@ -236,6 +293,8 @@ class StoreCallback(DriverSide, tune.Callback):
                 self._fenced(self.store.finish_trial, tid, TrialStatus.FAILED, text)
                 self.finished.add(tid)
                 self._event("finish", tid, status=TrialStatus.FAILED)
+                if self.on_finish is not None:
+                    self.on_finish(tid, TrialStatus.FAILED)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.flush()
@@ -252,6 +311,8 @@ class StoreCallback(DriverSide, tune.Callback):
             self._fenced(self.store.finish_trial, tid, status, error)
             self.finished.add(tid)
             self._event("finish", tid, status=status)
+            if self.on_finish is not None:
+                self.on_finish(tid, status)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -279,6 +340,8 @@ class StoreCallback(DriverSide, tune.Callback):
         last = self.last.get(tid)
         if last is not None and last["diverged"]:
             return TrialStatus.DIVERGED, None
+        if self.early is not None and tid in self.early.reasons:
+            return TrialStatus.STOPPED, self.early.reasons[tid]
         final = self.final_epochs[tid]
         if last is None or last["epoch"] != final:
             reached = "no record" if last is None else f"epoch {last['epoch']}"
@@ -300,13 +363,26 @@ class CancelStopper(DriverSide, tune.Stopper):
     """Stops one trial on its diverged record, and every trial once the sweep's cancel flag is
     set (read at most every `poll_s`), its lease is lost, or the runner is stopping."""
 
-    def __init__(self, store: Store, sweep_id: int, control: SweepControl, poll_s=CANCEL_POLL_S):
+    def __init__(
+        self,
+        store: Store,
+        sweep_id: int,
+        control: SweepControl,
+        poll_s=CANCEL_POLL_S,
+        early: EarlyStopper | None = None,
+    ):
         self.store, self.sweep_id, self.control, self.poll_s = store, sweep_id, control, poll_s
         self.polled = -float("inf")
+        self.early = early  # judges every record first (then StoreCallback reads its reasons)
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
-        # a pack goes on when one member diverges (that member stops inside it)
-        return bool(result.get("diverged", False)) and int(result.get(PACK_SIZE_KEY, 1)) == 1
+        # a pack goes on when one member diverges or stops early (that member stops inside it)
+        alone = int(result.get(PACK_SIZE_KEY, 1)) == 1
+        stopped = False
+        for r in member_results(result):
+            if self.early is not None and TRIAL_KEY in r:
+                stopped = self.early(int(r[TRIAL_KEY]), r) or stopped
+        return alone and (bool(result.get("diverged", False)) or stopped)
 
     def stop_all(self) -> bool:
         now = time.monotonic()
@@ -390,6 +466,12 @@ class Heartbeat:
     def _lose(self, why: str) -> None:
         log.warning("sweep %d: the lease is lost (%s); stopping", self.sweep_id, why)
         self.control.lost.set()
+
+
+def member_results(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-trial results inside a Tune result: a pack's epoch (MEMBERS_KEY), or itself."""
+    members = result.get(MEMBERS_KEY)
+    return members if isinstance(members, list) else [result]
 
 
 def trial_keys(trial: Any) -> list[int]:

@@ -26,6 +26,14 @@
 - The lease: `Runner.run_once` starts the Heartbeat at the claim, before Ray starts, and hands its
   `SweepControl` in; called without one, run_sweep holds the lease itself from its start.
 
+- Adaptive search and early stopping (docs/api.md): with a `search: {kind: tpe}`, `SearchFeed`
+  asks Optuna for trials once the stored ones are handed out (at most `live_trials` asked and
+  not finished at once), writes each to the store before it runs, and tells the study each
+  outcome; a resumed run rebuilds the studies from the stored trials. With `early_stop`,
+  `workers.callbacks.EarlyStopper` judges every record (its rung values rebuilt from the stored
+  records on resume: `rebuild_halving`); a packed member's stop reaches its pack through a
+  `StopBoard` actor.
+
 Resumption is the store's, not Tune's: a restarted runner claims the sweep again and runs the
 trials that are not finished; writes are idempotent upserts, so nothing is duplicated.
 """
@@ -50,21 +58,24 @@ from ray import tune
 from ray.tune.search import Searcher
 
 from service.config import TrialConfig
-from service.errors import Conflict, StorageError
+from service.errors import Conflict, InvalidInput, StorageError
 from service.packs import auto_pack_size, pack_key
+from service.search.halving import Halving
 from service.spec import SweepSpec
 from service.status import TrialStatus
 from service.store import Store, SweepInfo, TrialInfo
+from service.store.sweeps import LeaseLost
 from workers.callbacks import (
     CancelStopper,
     DriverSide,
+    EarlyStopper,
     Heartbeat,
     StoreCallback,
     SweepControl,
     SweepProgress,
     trial_name,
 )
-from workers.trainable import PACK_KEY, PARAM_KEY, run_trial
+from workers.trainable import BOARD_KEY, PACK_KEY, PARAM_KEY, StopBoard, run_trial
 
 log = logging.getLogger("isosweep.driver")
 
@@ -151,6 +162,9 @@ def run_sweep(
     sweep = store.get_sweep(sweep_id)
     spec = SweepSpec.model_validate(sweep.spec)
     left, records = store.runnable_totals(sweep_id)
+    search = SearchFeed.begin(store, sweep_id, spec, runner_id) if spec.adaptive else None
+    if search is not None:
+        left += search.studies.owed()
     tracker = RunProgress.begin(sweep, records)
     if progress is not None:
         progress(tracker)
@@ -171,7 +185,8 @@ def run_sweep(
                     store.finish_trial(t.id, TrialStatus.FAILED, short, runner_id=runner_id)
             else:
                 turn = Turn(store, sweep_id, yield_after_s)
-                yielded = _tune(store, sweep, spec, control, tracker, progress, runner_id, turn)
+                yielded = _tune(store, sweep, spec, control, tracker, progress, runner_id, turn,
+                                search)  # fmt: skip
     return conclude(store, sweep_id, runner_id, control, yielded=yielded)
 
 
@@ -304,6 +319,124 @@ class Turn:
         return self.over
 
 
+def stored_trials(store: Store, sweep_id: int, page: int = 1000) -> list[TrialInfo]:
+    """Every trial of the sweep, in index order."""
+    out: list[TrialInfo] = []
+    while True:
+        got, total = store.list_trials(sweep_id, offset=len(out), limit=page)
+        out.extend(got)
+        if not got or len(out) >= total:
+            return out
+
+
+def max_epochs(spec: SweepSpec) -> int:
+    """The most epochs any trial of the spec trains."""
+    v = spec.parameters.get("epochs", TrialConfig().epochs)
+    if isinstance(v, list):
+        return int(max(v))
+    if isinstance(v, dict):
+        return int(spec.sampled["epochs"].top)
+    return int(v)
+
+
+def rebuild_halving(store: Store, sweep_id: int, spec: SweepSpec) -> Halving:
+    """The early_stop rule's rungs with the values of the sweep's finished trials (completed,
+    diverged, stopped, reused; in index order, each trial's records by epoch), as they stood
+    when the last run ended: a rung's cutoff depends on the set of values recorded there."""
+    rule = spec.early_stop
+    assert rule is not None
+    halving = Halving(rule.metric, rule.mode, rule.grace_epochs, rule.reduction, max_epochs(spec))
+    done = {t.id for t in stored_trials(store, sweep_id) if TrialStatus(t.status).is_finished()
+            and t.status not in (TrialStatus.FAILED, TrialStatus.CANCELLED)}  # fmt: skip
+    if not done:
+        return halving
+    try:
+        frame = store.read_metrics(
+            sweep_id,
+            metrics=[rule.metric],
+            layers=None if rule.layer is None else [rule.layer],
+            max_points=10**9,
+        )
+    except InvalidInput:  # nothing recorded of it yet
+        return halving
+    if rule.layer is not None:
+        frame = frame[frame["layer"] == rule.layer]
+    frame = frame[frame["trial_id"].isin(done) & (frame["epoch"] > 0)]
+    for tid, epoch, value in frame[["trial_id", "epoch", "value"]].itertuples(index=False):
+        halving.observe(int(tid), int(epoch), float(value))
+    return halving
+
+
+class SearchFeed:
+    """The driver's side of a tpe search (service/search/tpe.py): the studies rebuilt from the
+    store, asked when the stored trials are handed out, told as trials finish."""
+
+    def __init__(self, store: Store, sweep_id: int, spec: SweepSpec, runner_id: str | None,
+                 studies: Any):  # fmt: skip
+        self.store, self.sweep_id, self.spec, self.runner_id = store, sweep_id, spec, runner_id
+        self.studies = studies
+        self.max_outstanding = 1
+
+    @classmethod
+    def begin(cls, store: Store, sweep_id: int, spec: SweepSpec, runner_id: str | None
+              ) -> SearchFeed:  # fmt: skip
+        from service.search.tpe import Studies
+
+        stored = stored_trials(store, sweep_id)
+        self = cls(store, sweep_id, spec, runner_id, None)
+        values = {t.id: self.value(t.id) for t in stored if t.status == TrialStatus.COMPLETED}
+        self.studies = Studies.rebuild(spec, stored, values)
+        log.info(
+            "sweep %d: search rebuilt from %d stored trials (%d to ask, %d pending)",
+            sweep_id, len(stored), self.studies.owed(), len(self.studies.pending),
+        )  # fmt: skip
+        return self
+
+    def value(self, tid: int) -> float | None:
+        """A stored trial's objective (service.search.tpe.objective_value)."""
+        from service.search.tpe import objective_value
+
+        search = self.spec.search
+        try:
+            epochs, values = self.store.trial_history(tid, search.objective)  # type: ignore[union-attr]
+        except (InvalidInput, StorageError) as exc:
+            log.warning("trial %d: no objective: %s", tid, exc)
+            return None
+        return objective_value(epochs, values, search)  # type: ignore[arg-type]
+
+    def next(self) -> TrialInfo | None:
+        """A newly asked trial to run, stored; None when the search owes none now (all asked,
+        or `max_outstanding` in flight). A reused ask is told at once and another asked.
+
+        Raises:
+            StorageError: the write failed (the ask is kept for the next call).
+        """
+        while self.studies.outstanding < self.max_outstanding and self.studies.owed() > 0:
+            asked = self.studies.ask()
+            if asked is None:
+                return None
+            try:
+                (t,) = self.store.append_trials(
+                    self.sweep_id, [asked.config], runner_id=self.runner_id
+                )
+            except (StorageError, LeaseLost):
+                self.studies.unwrite(asked)
+                raise
+            self.studies.bind(asked, t.id)
+            if t.results_from is None:
+                return t
+            self.finished(t.id, t.status)  # reused: its outcome is stored already
+        return None
+
+    def finished(self, tid: int, status: str) -> None:
+        value = self.value(tid) if status == TrialStatus.COMPLETED else None
+        self.studies.tell(tid, status, value)
+
+    @property
+    def done(self) -> bool:
+        return self.studies.owed() == 0
+
+
 class TrialSource(DriverSide, Searcher):
     """Tune's source of trials (a Searcher; Tune asks `suggest` whenever it has room for one):
     the feed's next trial — or a pack of up to `pack` consecutive trials that share a
@@ -322,11 +455,13 @@ class TrialSource(DriverSide, Searcher):
         control: SweepControl,
         turn: Callable[[], bool],
         pack: int = 1,
+        search: SearchFeed | None = None,
     ):
         super().__init__()
         self.feed, self.param, self.on_feed = feed, param, on_feed
         self.limit, self.control, self.turn = limit, control, turn
         self.pack = pack
+        self.search = search  # asked once the feed is drained (a tpe search)
         self.handed = 0
         self.ended: str | None = None
 
@@ -360,6 +495,23 @@ class TrialSource(DriverSide, Searcher):
         except StorageError as exc:  # a blip: Tune asks again
             log.warning("sweep %d: cannot read its next trials: %s", self.feed.sweep_id, exc)
             return None
+        if t is None and self.search is not None:
+            try:
+                t = self.search.next()
+            except LeaseLost as exc:  # another runner holds the sweep: write nothing more
+                log.warning("%s; stopping", exc)
+                self.control.lost.set()
+                self.ended = "halted"
+                return Searcher.FINISHED
+            except StorageError as exc:  # a blip: Tune asks again
+                log.warning("sweep %d: cannot store an asked trial: %s", self.feed.sweep_id, exc)
+                return None
+            if t is not None:
+                self.handed += 1
+                self.on_feed(t)
+                return {PARAM_KEY: self.param([t])}
+            if not self.search.done:
+                return None  # asks wait for outcomes: Tune asks again
         if t is None:
             self.ended = "drained"
             return Searcher.FINISHED
@@ -406,14 +558,16 @@ def drop_arrays(trial: Any) -> None:
         meta.last_result = {k: v for k, v in last.items() if not isinstance(v, list)}
 
 
-def trial_param(trials: list[TrialInfo], data_dir: str) -> dict[str, Any]:
+def trial_param(trials: list[TrialInfo], data_dir: str, board: str | None = None) -> dict[str, Any]:
     """What a Tune trial is given (workers.trainable.run_trial): one trial, or a pack's
-    members — never a database URL."""
+    members (and the name of the run's StopBoard, with early stopping) — never a database
+    URL."""
     if len(trials) == 1:
         (t,) = trials
         return {"trial_id": t.id, "config": t.config, "data_dir": data_dir}
     members = [{"trial_id": t.id, "config": t.config} for t in trials]
-    return {PACK_KEY: members, "data_dir": data_dir}
+    extra = {} if board is None else {BOARD_KEY: board}
+    return {PACK_KEY: members, "data_dir": data_dir, **extra}
 
 
 def pack_size(spec: SweepSpec, first: TrialInfo | None, trials_left: int) -> int:
@@ -446,11 +600,14 @@ def _tune(
     progress: Callable[[SweepProgress], None] | None,
     runner_id: str,
     turn: Turn,
+    search: SearchFeed | None = None,
 ) -> bool:
     """Run the sweep's runnable trials, CHUNK_TRIALS per Tune run. Returns True when the run
     gave its turn up with trials left (the caller releases the sweep)."""
     data_dir = str(Path(store.settings.data_dir).expanduser().resolve())
     feed = TrialFeed(store, sweep.id)
+    if search is not None:
+        search.max_outstanding = live_trials(spec.resources.cpu, spec.resources.gpu)
 
     def report(p: SweepProgress) -> None:
         if progress is not None:
@@ -462,20 +619,34 @@ def _tune(
     first = feed.next()
     if first is not None:
         feed.put_back(first)
-    pack = pack_size(spec, first, left)
+    pack = 1 if search is not None else pack_size(spec, first, left)  # asks run one by one
+    early = board = None
+    if spec.early_stop is not None:
+        early = EarlyStopper(spec.early_stop, rebuild_halving(store, sweep.id, spec), {})
+        if pack > 1:
+            name = f"isosweep-stops-{sweep.id}-{os.getpid()}-{time.time_ns()}"
+            board = name
+            early.board = ray.remote(StopBoard).options(name=name, num_cpus=0).remote()
     log.info(
         "sweep %d (%s): running %d of %d trials, %s per %s",
         sweep.id, sweep.name, left, sweep.n_trials,
         {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
         "trial" if pack == 1 else f"pack of up to {pack}",
     )  # fmt: skip
-    while True:
-        ended = _tune_chunk(store, sweep, spec, control, tracker, report, runner_id, feed, turn,
-                            data_dir, pack)  # fmt: skip
-        if ended != "limit" or control.halted() or feed.drained:
-            return ended == "turn" and not control.halted()
-        if turn():
-            return True
+    try:
+        while True:
+            ended = _tune_chunk(store, sweep, spec, control, tracker, report, runner_id, feed,
+                                turn, data_dir, pack, search=search, early=early,
+                                board=board)  # fmt: skip
+            more = search is not None and not search.done
+            if ended != "limit" or control.halted() or (feed.drained and not more):
+                return ended == "turn" and not control.halted()
+            if turn():
+                return True
+    finally:
+        if early is not None and early.board is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(early.board)
 
 
 def _tune_chunk(
@@ -490,26 +661,34 @@ def _tune_chunk(
     turn: Turn,
     data_dir: str,
     pack: int = 1,
+    *,
+    search: SearchFeed | None = None,
+    early: EarlyStopper | None = None,
+    board: str | None = None,
 ) -> str | None:
     """One Tune run of up to CHUNK_TRIALS Tune trials (each one trial or a pack of up to `pack`)
-    from the feed; returns why its source ended."""
+    from the feed (then, for a tpe search, from its asks); returns why its source ended."""
     resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
     callback = RunCallback(
-        store, control, tracker, progress=report, final_epochs={}, runner_id=runner_id
-    )
+        store, control, tracker, progress=report, final_epochs={}, runner_id=runner_id,
+        early=early, on_finish=None if search is None else search.finished,
+    )  # fmt: skip
 
     def on_feed(t: TrialInfo) -> None:
         tracker.feed(t)
         callback.final_epochs[t.id] = t.config["epochs"]
+        if early is not None:
+            early.final_epochs[t.id] = t.config["epochs"]
 
     source = TrialSource(
         feed,
-        param=lambda ts: trial_param(ts, data_dir),
+        param=lambda ts: trial_param(ts, data_dir, board),
         on_feed=on_feed,
         limit=CHUNK_TRIALS,
         control=control,
         turn=turn,
         pack=pack,
+        search=search,
     )
     storage = tempfile.mkdtemp(prefix=f"isosweep-tune-{sweep.id}-")
     try:
@@ -527,7 +706,7 @@ def _tune_chunk(
                 name=f"sweep_{sweep.id}",
                 storage_path=storage,
                 callbacks=[callback],
-                stop=CancelStopper(store, sweep.id, control),
+                stop=CancelStopper(store, sweep.id, control, early=early),
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                 verbose=0,
             ),

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workers import nn
-from workers.models.base import Fit, Net
+from workers.models.base import Fit, Net, Taps
 
 # Matrices of one batched float64 call hold at most this many entries (≈ 128 MiB): a huge batch
 # cannot take the machine's memory.
@@ -575,68 +575,202 @@ def probe_metrics(
         from workers.models.mlp import MLPNet
 
         net = MLPNet.of_spec(net)
-    L, n = net.depth, x.shape[0]
-    layer_weights = net.layer_weights()
-    names = [w for ws in layer_weights for w in ws] + [net.head_weight]
+    names = _weight_names(net)
     p = {k: v.detach().requires_grad_(k in names) for k, v in params.items()}
     with torch.enable_grad():
         logits, taps = net.forward(p, state, x, "batch", taps=True)
         loss = F.cross_entropy(logits, y)
-        # a weight the loss does not reach (a registered model's unused one) has gradient 0
-        wrt = [p[k] for k in names]
-        g = torch.autograd.grad(loss, wrt, allow_unused=True, materialize_grads=True)
-        grads = dict(zip(names, g, strict=True))
+        grads = _grads(loss, [p[k] for k in names], names)
     assert taps is not None
-    kinds = list(net.kinds)
-    # Deduplicated before detaching (which makes new objects): an identity σ returns its input.
-    uniq, where = _unique([t for k in kinds for t in taps.layers[k]])  # kind-major, block-minor
-    H = [t.detach().reshape(n, -1) for t in uniq]  # U × (n, d_k), stacked only in chunks
+    return _measure(net, [_Member(p, x, taps, grads)], spectra=spectra)[0]
+
+
+def probe_metrics_packed(
+    net: Net,
+    params: nn.Params,
+    state: nn.State,
+    X: Tensor,
+    Y: Tensor,
+    *,
+    spectra: bool = False,
+) -> list[dict[str, np.ndarray | float]]:
+    """`probe_metrics` of K networks of one shape at once (a pack: workers/packed.py): params
+    and state stacked (K, …), probe batches X (K, n, d_in), Y (K, n). One vmap'd forward and
+    backward for all, the float64 factorizations of all members' taps in shared batched calls;
+    member k's record fields are those probe_metrics gives for its slices, up to the batched
+    kernels' rounding of the forward pass (bit-identical where they round alike)."""
+    from torch.func import vmap
+
+    K, n = X.shape[0], X.shape[1]
+    names = _weight_names(net)
+    p = {k: v.detach().requires_grad_(k in names) for k, v in params.items()}
+
+    def one(p_: nn.Params, s_: nn.State, x_: Tensor) -> tuple:
+        logits, taps = net.forward(p_, s_, x_, "batch", taps=True)
+        assert taps is not None
+        return logits, taps.layers, taps.outputs, taps.tokens or []
+
+    with torch.enable_grad():
+        logits, layers, outputs, tokens = vmap(one)(p, state, X)
+        per_member = F.cross_entropy(logits.flatten(0, 1), Y.flatten(), reduction="none")
+        loss = per_member.view(K, n).mean(dim=1).sum()  # each member's gradient is its own
+        grads = _grads(loss, [p[k] for k in names], names)
+    members = [
+        _Member(
+            {k: v[m] for k, v in p.items()},
+            X[m],
+            Taps(
+                {k: [t[m] for t in ts] for k, ts in layers.items()},
+                [t[m] for t in outputs],
+                [t[m] for t in tokens] if tokens else None,
+            ),
+            {k: g[m] for k, g in grads.items()},
+        )
+        for m in range(K)
+    ]
+    return _measure(net, members, spectra=spectra)
+
+
+def _weight_names(net: Net) -> list[str]:
+    """The weights whose gradients are measured: every block's listed ones, then the head's."""
+    return [w for ws in net.layer_weights() for w in ws] + [net.head_weight]
+
+
+def _grads(loss: Tensor, wrt: list[Tensor], names: list[str]) -> dict[str, Tensor]:
+    # a weight the loss does not reach (a registered model's unused one) has gradient 0
+    g = torch.autograd.grad(loss, wrt, allow_unused=True, materialize_grads=True)
+    return dict(zip(names, g, strict=True))
+
+
+@dataclass
+class _Member:
+    """One network's forward pass on its probe batch: what `_measure` turns into its record."""
+
+    p: nn.Params
+    x: Tensor
+    taps: Taps
+    grads: dict[str, Tensor]
+
+
+def _measure(
+    net: Net, members: list[_Member], *, spectra: bool = False
+) -> list[dict[str, np.ndarray | float]]:
+    """The record fields of each member (see probe_metrics): its taps' structures member by
+    member, the factorizations of every member's taps grouped by (structure, shape) into shared
+    batched calls, the weights' likewise."""
+    L, kinds = net.depth, list(net.kinds)
+    layer_weights = net.layer_weights()
+    # Per member, its distinct taps (an identity σ returns its input: one Gram is enough),
+    # deduplicated before detaching (which makes new objects); kind-major, block-minor.
+    uniqs, wheres, H = [], [], []
+    for m in members:
+        uniq, where = _unique([t for k in kinds for t in m.taps.layers[k]])
+        uniqs.append(uniq)
+        wheres.append(where)
+        H += [t.detach().reshape(len(m.x), -1) for t in uniq]  # stacked only in chunks
+    owner = [(j, i) for j, u in enumerate(uniqs) for i in range(len(u))]
     groups = _by_shape(H)  # zero rows and columns, counted once per tap
     known: dict[int, tuple[int, int]] = {}
-    for members, rows, cols in groups:
+    for at, rows, cols in groups:
         counts = torch.stack([rows.sum(dim=1), cols.sum(dim=1)], dim=1).tolist()
-        known.update({id(uniq[i]): (c[0], c[1]) for i, c in zip(members, counts, strict=True)})
+        for g, c in zip(at, counts, strict=True):
+            j, i = owner[g]
+            known[id(uniqs[j][i])] = (c[0], c[1])
 
     def fit(s: Structure, h: Tensor) -> Structure:
         return refine(s, h, known.get(id(h)))
 
-    forced = net.structures(p, x, taps, fit)
-    kind_of = {w: forced[kinds[i // L]][i % L] for i, w in enumerate(where)}
-    gap = torch.empty(len(H), dtype=F64, device=x.device)
+    kind_of: list[Structure] = []
+    for m, where in zip(members, wheres, strict=True):
+        forced = net.structures(m.p, m.x, m.taps, fit)
+        first = {}
+        for i, w in enumerate(where):
+            first.setdefault(w, forced[kinds[i // L]][i % L])
+        kind_of += [first[w] for w in range(len(first))]
+    device = members[0].x.device
+    gap = torch.empty(len(H), dtype=F64, device=device)
     rng = torch.empty_like(gap)
-    for members, rows, cols in groups:
-        sub = torch.tensor(members, device=gap.device)
-        structs = [kind_of[i] for i in members]
-        gap[sub], rng[sub] = _tap_gaps([H[i] for i in members], structs, (rows, cols))
-    idx = torch.tensor(where, device=gap.device)
+    for at, rows, cols in groups:
+        sub = torch.tensor(at, device=device)
+        gap[sub], rng[sub] = _tap_gaps([H[g] for g in at], [kind_of[g] for g in at], (rows, cols))
     firsts = [ws[0] if ws else None for ws in layer_weights]
-    W = [p[k].detach() for k in firsts if k is not None] + [p[net.head_weight].detach()]
-    wgap_known = torch.cat([weight_isometry_gaps(s) for s in _weight_stacks(W)]).cpu().numpy()
-    wgap = np.full(L + 1, math.nan)
-    wgap[[i for i, k in enumerate(firsts) if k is not None] + [L]] = wgap_known
-    gnorm = (
-        _grad_norms([[grads[k] for k in ws] for ws in layer_weights] + [[grads[net.head_weight]]])
-        .cpu()
-        .numpy()
-    )
-    out: dict[str, np.ndarray | float] = {}
-    for name, values in (("isometry_gap", gap), ("range_isometry_gap", rng)):
-        per_kind = values[idx].cpu().numpy().reshape(len(kinds), L)
-        out.update({f"{name}/{k}": v for k, v in zip(kinds, per_kind, strict=True)})
-    out["weight_isometry_gap"] = wgap[:L]
-    out["grad_norm"] = gnorm[:L]
-    out["head_grad_norm"] = float(gnorm[L])
-    out["head_weight_isometry_gap"] = float(wgap[L])
-    pairs = [rms_and_mean_cosine(h) for h in taps.outputs]
-    out["rms"] = np.array([r for r, _ in pairs])
-    out["mean_cosine"] = np.array([c for _, c in pairs])
-    if taps.tokens is not None:
+    has_weight = [i for i, k in enumerate(firsts) if k is not None] + [L]
+    wgaps = _weight_gaps(
+        [[m.p[k].detach() for k in firsts if k is not None] + [m.p[net.head_weight].detach()]
+         for m in members]
+    )  # fmt: skip
+    rms, cos = _rms_and_cosines([t for m in members for t in m.taps.outputs], len(members), L)
+    tokens = None
+    if members[0].taps.tokens is not None:
         from workers.token_metrics import token_metrics
 
-        out.update(token_metrics([t.detach() for t in taps.tokens]))
-    if spectra:
-        out.update(_spectra(H, idx, kinds, [w for w in W[:-1]], L))
-    return out
+        flat = token_metrics([t.detach() for m in members for t in m.taps.tokens or []])
+        tokens = {k: v.reshape(len(members), L) for k, v in flat.items()}
+    outs: list[dict[str, np.ndarray | float]] = []
+    start = 0
+    for j, m in enumerate(members):
+        mine = slice(start, start + len(uniqs[j]))
+        start = mine.stop
+        idx = torch.tensor(wheres[j], device=device)
+        out: dict[str, np.ndarray | float] = {}
+        for name, values in (("isometry_gap", gap[mine]), ("range_isometry_gap", rng[mine])):
+            per_kind = values[idx].cpu().numpy().reshape(len(kinds), L)
+            out.update({f"{name}/{k}": v for k, v in zip(kinds, per_kind, strict=True)})
+        wgap = np.full(L + 1, math.nan)
+        wgap[has_weight] = wgaps[j]
+        gnorm = (
+            _grad_norms(
+                [[m.grads[k] for k in ws] for ws in layer_weights] + [[m.grads[net.head_weight]]]
+            )
+            .cpu()
+            .numpy()
+        )
+        out["weight_isometry_gap"] = wgap[:L]
+        out["grad_norm"] = gnorm[:L]
+        out["head_grad_norm"] = float(gnorm[L])
+        out["head_weight_isometry_gap"] = float(wgap[L])
+        out["rms"], out["mean_cosine"] = rms[j], cos[j]
+        if tokens is not None:
+            out.update({k: v[j] for k, v in tokens.items()})
+        if spectra:
+            W = [m.p[k].detach() for k in firsts if k is not None]
+            out.update(_spectra(H[mine], idx, kinds, W, L))
+        outs.append(out)
+    return outs
+
+
+def _weight_gaps(W: list[list[Tensor]]) -> list[np.ndarray]:
+    """weight_isometry_gaps of each member's weights (lists of equal layout), the members'
+    equal-shape stacks (`_weight_stacks`) joined into one batched call each."""
+    stacks = [_weight_stacks(w) for w in W]
+    joined = [torch.cat([s[i] for s in stacks]) for i in range(len(stacks[0]))]
+    gaps = [weight_isometry_gaps(s).cpu().numpy() for s in joined]
+    sizes = [len(s) for s in stacks[0]]
+    return [
+        np.concatenate([g[j * size : (j + 1) * size] for g, size in zip(gaps, sizes, strict=True)])
+        for j in range(len(W))
+    ]
+
+
+def _rms_and_cosines(outputs: list[Tensor], K: int, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """`rms_and_mean_cosine` of K·L block outputs (member-major) as (K, L) arrays, batched per
+    shape."""
+    rms = np.empty(K * L)
+    cos = np.empty(K * L)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, h in enumerate(outputs):
+        by_shape.setdefault(tuple(h.shape), []).append(i)
+    for at in by_shape.values():
+        M = torch.stack([outputs[i].detach() for i in at]).flatten(2).to(F64)  # (B, n, f)
+        r = torch.sqrt(M.square().mean(dim=(1, 2)))
+        norms = torch.linalg.vector_norm(M, dim=2)  # (B, n)
+        keep = norms != 0
+        k = keep.sum(dim=1).to(F64)
+        unit = torch.where(keep[..., None], M / torch.where(keep, norms, 1.0)[..., None], 0.0)
+        u = unit.sum(dim=1).square().sum(dim=1)
+        c = torch.where(k >= 2, (u - k) / (k * (k - 1)).clamp_min(1), math.nan)
+        rms[at], cos[at] = r.cpu().numpy(), c.cpu().numpy()
+    return rms.reshape(K, L), cos.reshape(K, L)
 
 
 def _spectra(H: list[Tensor], idx: Tensor, kinds: list[str], W: list[Tensor], L: int) -> dict:

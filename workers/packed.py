@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from torch.func import vmap
 from service.config import TrialConfig, parse_trial_config
 from service.errors import InvalidInput
 from service.packs import PER_MEMBER, pack_key
+from workers.metrics import probe_metrics_packed
 from workers.train import EpochStats, Trial, eval_chunks, fit, set_cuda_precision
 
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam's defaults, as workers.train.make_optimizer uses
@@ -164,6 +165,9 @@ class Pack:
         self.members = [Trial(c, device=device, data_dir=data_dir) for c in configs]
         self.active = list(range(len(configs)))  # member indices still training
         self.stopped: set[int] = set()
+        # asked at every epoch boundary for members to stop (`stop`): early stopping's
+        # decisions, made on the driver (workers/trainable.py's StopBoard)
+        self.poll: Callable[[], Iterable[int]] | None = None
         self.net = self.members[0].net
         self.params: dict[str, Tensor] = {}
         self.state: dict[str, Tensor] = {}
@@ -284,6 +288,12 @@ class Pack:
             )
         return out
 
+    def _polled(self) -> None:
+        """Stop the members `poll` names (at an epoch boundary)."""
+        if self.poll is not None:
+            for index in self.poll():
+                self.stop(index)
+
     def stop(self, index: int) -> None:
         """End member `index` at the next epoch boundary (a cancel): it yields no more records."""
         self.stopped.add(index)
@@ -342,33 +352,52 @@ class Pack:
             test.update(
                 {i: v for i, v in zip(self.active, values, strict=True) if modes[i] == mode}
             )
-        for i in sorted(stats):
-            m, j = self.members[i], self.active.index(i)
-            # measured on copies of its own in the memory layout fit() gives its tensors (an
-            # orthogonal kernel is a transposed view): convolution kernels round differently
-            # on other strides or alignments
+        recorded = sorted(stats)
+        rows = [self.active.index(i) for i in recorded]
+        probes = self._probe([self.members[i] for i in recorded], rows) if recorded else []
+        for i, j, probe in zip(recorded, rows, probes, strict=True):
+            m = self.members[i]
+            # what the record reads besides (the Jacobian, running statistics): the member's own
+            # copies, in the memory layout fit() gives its tensors
             m.params = {
                 k: _copy_strided(v[j].detach(), self.strides[i][k]) for k, v in self.params.items()
             }
             m.state = {k: v[j].clone() for k, v in self.state.items()}
-            yield i, m.record(epoch, stats[i], test[i])
+            yield i, m.record(epoch, stats[i], test[i], probe)
         self._point_members()
+
+    def _probe(self, ms: list[Trial], rows: list[int]) -> list[dict[str, Any]]:
+        """probe_metrics of members `ms` (rows `rows` of the stacks) at once, each on its own
+        probe batch (`metrics.probe_metrics_packed`)."""
+        params = {k: v[rows].detach() for k, v in self.params.items()}
+        state = {k: v[rows] for k, v in self.state.items()}
+        X = torch.stack([m.probe[0] for m in ms])
+        Y = torch.stack([m.probe[1] for m in ms])
+        spectra = self.configs[0].spectra
+        return probe_metrics_packed(self.net, params, state, X, Y, spectra=spectra)
 
     def epochs(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(member index, record) for every member, in epoch order (members in pack order within
         an epoch): the records fit() would yield for each member's config alone."""
+        for batch in self.epoch_batches():
+            yield from batch
+
+    def epoch_batches(self) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+        """`epochs`, one list per epoch (the members' records of that epoch, possibly none)."""
         config = self.configs[0]
         recorded = set(config.recorded_epochs)
         self._stack()
         stats0 = dict(zip(self.active, self._initial_stats(), strict=True))
-        yield from self._records(0, stats0)
+        yield list(self._records(0, stats0))
+        self._polled()
         self._leave({i for i, st in stats0.items() if st.diverged} | self.stopped)
         for epoch in range(1, config.epochs + 1):
             if not self.active:
                 return
             stats_of = self.train_epoch()
             shown = {i: st for i, st in stats_of.items() if st.diverged or epoch in recorded}
-            yield from self._records(epoch, shown)
+            yield list(self._records(epoch, shown))
+            self._polled()
             self._leave({i for i, st in stats_of.items() if st.diverged} | self.stopped)
 
 
@@ -391,19 +420,39 @@ def fit_packed(
     device: str = "cpu",
     data_dir: Path | None = None,
     threads: int | None = None,
+    poll: Callable[[], Iterable[int]] | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """fit() for a pack: (member index, record) pairs; see the module docstring. A pack of one
-    trains through fit() itself (no batching, so its records are fit's bit for bit)."""
+    trains through fit() itself (no batching, so its records are fit's bit for bit). `poll`,
+    asked at every epoch boundary of a pack, names members to stop there (Pack.stop)."""
+    for batch in fit_packed_by_epoch(
+        configs, device=device, data_dir=data_dir, threads=threads, poll=poll
+    ):
+        yield from batch
+
+
+def fit_packed_by_epoch(
+    configs: Sequence[TrialConfig | dict[str, Any]],
+    *,
+    device: str = "cpu",
+    data_dir: Path | None = None,
+    threads: int | None = None,
+    poll: Callable[[], Iterable[int]] | None = None,
+) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    """`fit_packed`, one list per epoch: what a Ray trial reports as one result (a result per
+    member record would cost the driver ~25 ms each; bench/packed.py)."""
     parsed = [c if isinstance(c, TrialConfig) else parse_trial_config(dict(c)) for c in configs]
     if len(parsed) == 1:
         for record in fit(parsed[0], device=device, data_dir=data_dir, threads=threads):
-            yield 0, record
+            yield [(0, record)]
         return
     set_cuda_precision(device)
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        yield from Pack(parsed, device=device, data_dir=data_dir).epochs()
+        pack = Pack(parsed, device=device, data_dir=data_dir)
+        pack.poll = poll
+        yield from pack.epoch_batches()
     finally:
         torch.set_num_threads(before)

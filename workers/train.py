@@ -190,11 +190,15 @@ class Trial:
         return EpochStats(loss, acc, 0.0, not math.isfinite(loss))
 
     def record(
-        self, epoch: int, stats: EpochStats, test: tuple[float, float] | None = None
+        self,
+        epoch: int,
+        stats: EpochStats,
+        test: tuple[float, float] | None = None,
+        probe: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The epoch record of docs/architecture.md: probe-batch metrics, test metrics, stats.
-        `test`: the test loss and accuracy if already evaluated (a pack evaluates its members
-        at once: workers/packed.py).
+        `test` (the test loss and accuracy) and `probe` (probe_metrics' fields) if already
+        measured: a pack measures its members at once (workers/packed.py).
 
         Test metrics use BatchNorm's running statistics when eval_norm = "running" (torch's eval
         mode) or each test batch's own when "batch". Before the first step there are no running
@@ -217,7 +221,9 @@ class Trial:
             "epoch_time_s": stats.time_s,
         }
         spectra = self.config.spectra
-        rec.update(probe_metrics(self.net, self.params, self.state, *self.probe, spectra=spectra))
+        if probe is None:
+            probe = probe_metrics(self.net, self.params, self.state, *self.probe, spectra=spectra)
+        rec.update(probe)
         if self.config.jacobian_samples:  # σ(∂h_L(x_i)/∂x_i), i < k (workers/jacobian.py)
             rec["jacobian_singular_values"] = jacobian_singular_values(
                 self.net, self.params, self.state, self.probe[0], self.config.jacobian_samples

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from service.errors import DataUnavailable, InvalidInput
 PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
 PACK_KEY = "pack"  # in PARAM_KEY's dict: the members of a pack (workers/packed.py)
 PACK_SIZE_KEY = "pack_size"  # a result's: how many trials its Tune trial runs
+MEMBERS_KEY = "members"  # a pack's result for one epoch: its members' results (each as above)
 # what from_transport keeps of a Tune result
 RESULT_KEYS = frozenset({*RECORD_KEYS, *METRICS, *SPECTRUM_KEYS})
 ARRAY_KEYS = frozenset({*LAYER_METRICS, "input_gram", "input_moments", *SPECTRUM_KEYS})
@@ -34,6 +36,25 @@ TRIAL_KEY = "sweep_trial_id"  # Tune overwrites a result's "trial_id" with its o
 ERROR_KEY = "deterministic_error"
 DETERMINISTIC = (InvalidInput, DataUnavailable)  # the errors no retry can cure
 MAX_TRACE_CHARS = 20_000  # of a deterministic error's traceback (its tail is kept)
+BOARD_KEY = "stop_board"  # in PARAM_KEY's dict: the name of the run's StopBoard actor, if any
+
+
+class StopBoard:
+    """The trials early stopping ended, for the packs still training them (a named Ray actor,
+    one per Tune run with `early_stop`: the driver `add`s a trial id when it stops a pack's
+    member; each pack asks `stopped(its ids)` once per epoch boundary and stops those members,
+    Pack.stop, while the rest of the pack goes on). An unpacked trial is stopped by Tune itself
+    (workers.callbacks.CancelStopper)."""
+
+    def __init__(self) -> None:
+        self.ids: set[int] = set()
+
+    def add(self, trial_id: int) -> None:
+        self.ids.add(int(trial_id))
+
+    def stopped(self, trial_ids: list[int]) -> list[int]:
+        """Which of `trial_ids` are stopped."""
+        return [t for t in trial_ids if t in self.ids]
 
 
 def members_of(param: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
@@ -62,21 +83,47 @@ def run_trial(config: dict[str, Any]) -> None:
     import torch
     from ray import tune
 
-    from workers.packed import fit_packed
+    from workers.packed import fit_packed_by_epoch
 
     param = config[PARAM_KEY]
     members = members_of(param)
     device = pick_device()
     torch.set_num_threads(assigned_threads())
     size = len(members)
+    poll = board_poll(param.get(BOARD_KEY), [tid for tid, _ in members]) if size > 1 else None
     try:
         configs = [c for _, c in members]
-        for i, record in fit_packed(configs, device=device, data_dir=param.get("data_dir")):
-            tune.report(to_transport(record, trial_id=members[i][0], device=device, pack=size))
+        data_dir = param.get("data_dir")
+        for batch in fit_packed_by_epoch(configs, device=device, data_dir=data_dir, poll=poll):
+            results = [
+                to_transport(record, trial_id=members[i][0], device=device, pack=size)
+                for i, record in batch
+            ]
+            if size == 1 or len(results) == 1:
+                for r in results:
+                    tune.report(r)
+            elif results:  # one Tune result for the pack's epoch: the driver's cost is per result
+                tune.report({TRIAL_KEY: members[0][0], PACK_SIZE_KEY: size, MEMBERS_KEY: results})
     except DETERMINISTIC as exc:
         error = deterministic_error(exc)
         for tid, _ in members:
             tune.report({TRIAL_KEY: tid, DEVICE_KEY: device, PACK_SIZE_KEY: size, ERROR_KEY: error})
+
+
+def board_poll(name: str | None, trial_ids: list[int]) -> Callable[[], list[int]] | None:
+    """A pack's poll of the run's StopBoard (`name`): the member indices stopped so far (one
+    small actor call per epoch boundary). None without a board."""
+    if name is None:
+        return None
+    import ray
+
+    board = ray.get_actor(name)
+    index = {tid: i for i, tid in enumerate(trial_ids)}
+
+    def poll() -> list[int]:
+        return [index[t] for t in ray.get(board.stopped.remote(trial_ids))]
+
+    return poll
 
 
 def deterministic_error(exc: BaseException) -> str:

@@ -245,6 +245,8 @@ def submit(args: argparse.Namespace) -> int:
             f"sweep [bold]{sweep['id']}[/] ({escape(sweep['name'])}): {sweep['n_trials']} trials"
             + (f", {reused} with stored results" if reused else "")
         )
+        if sweep.get("estimate"):  # a server that estimates costs (service.cost)
+            out.print(escape(estimate_line(sweep["estimate"])))
         out.print(f"follow it: isosweep status {sweep['id']} · {api.url}/sweeps/{sweep['id']}")
         if not args.wait:
             return 0
@@ -258,6 +260,18 @@ def submit(args: argparse.Namespace) -> int:
     print_outcome(sweep)
     return {SweepStatus.COMPLETED: EXIT_COMPLETED, SweepStatus.CANCELLED: EXIT_CANCELLED}.get(
         sweep["status"], EXIT_FAILED
+    )
+
+
+def estimate_line(estimate: dict[str, Any]) -> str:
+    """ "cost: ≈ 1.3 h (12 trial-epochs, 4.1 TFLOP) on this runner's measured 3.1 GFLOP/s per
+    CPU …" from a sweep's `estimate` (service.cost.CostEstimate)."""
+    from service.cost import format_duration, format_flops
+
+    return (
+        f"cost: ≈ {format_duration(estimate['seconds'])} ({estimate['trial_epochs']} "
+        f"trial-epochs, {format_flops(estimate['flops'])}, {estimate['parallel']} trials at "
+        f"once) on {estimate['throughput_source']}"
     )
 
 
@@ -520,6 +534,12 @@ def print_sweep(s: dict[str, Any]) -> None:
     out.print(f"  trials    {s['n_trials']}: {counts_text(s['counts'])}")
     eta = f", ETA {format_eta(s['eta_s'])}" if s["status"] == SweepStatus.RUNNING else ""
     out.print(f"  progress  {s['progress']:.1%}{eta}")
+    if s.get("best"):
+        b = s["best"]
+        out.print(
+            f"  best      trial {b['trial_id']}: {b['metric']} = {b['value']:.6g} "
+            f"(epoch {b['epoch']}, {b['mode']})"
+        )
     for key in ("created_at", "started_at", "finished_at"):
         if s[key]:
             out.print(f"  {key.removesuffix('_at'):<9} {s[key][:19].replace('T', ' ')} UTC")

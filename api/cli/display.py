@@ -20,7 +20,7 @@ from service.status import SweepStatus, trials_finished
 
 STATUS_STYLE = {
     "queued": "dim", "running": "blue", "completed": "green", "diverged": "dark_orange",
-    "failed": "red", "cancelled": "yellow",
+    "failed": "red", "cancelled": "yellow", "stopped": "magenta",
 }  # fmt: skip
 LEFT = frozenset({"name", "status", "trials", "activation", "norm", "order", "init", "dataset",
                   "optimizer", "metric", "error", "dtype", "bias_init", "head_init",

@@ -13,8 +13,10 @@ when their count changed) and sends
 
 and a comment line (`: keep-alive`) every KEEPALIVE_S seconds of silence, so that a proxy does
 not drop an idle stream. Events carry `id:` numbers in order. At most MAX_STREAMS streams are
-open at once (a 503 beyond); a stream ends when its client goes away. The route is left out of
-the OpenAPI document (see below) and described in docs/api.md.
+open at once (a 503 beyond); a stream ends when its client goes away. The route is in the
+OpenAPI document (a text/event-stream answer) and described in docs/api.md; the property-based
+client of the document (tests/api/test_fuzz.py) leaves it out, since it reads each answer to
+its end and a stream of an unfinished sweep has none.
 """
 
 from __future__ import annotations
@@ -100,10 +102,8 @@ def _sweep_json(store: Store, sweep_id: int) -> dict[str, Any]:
     return sweep_public(store.get_sweep(sweep_id)).model_dump(mode="json")
 
 
-# Not in the OpenAPI document: a property-based client of the document (tests/api/test_fuzz.py)
-# reads each answer to its end, and a stream of an unfinished sweep has none. docs/api.md.
 @router.get("/sweeps/{sweep_id}/events", response_class=StreamingResponse,
-            responses=EVENTS_RESPONSES, include_in_schema=False)  # fmt: skip
+            responses=EVENTS_RESPONSES)  # fmt: skip
 async def sweep_events(sweep_id: SweepId, request: Request, store: StoreDep) -> StreamingResponse:
     """A sweep's progress and its newly finished trials as server-sent events, until it ends."""
     first = await run_in_threadpool(_sweep_json, store, sweep_id)  # a 404 before the stream

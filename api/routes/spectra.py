@@ -29,7 +29,12 @@ router = APIRouter(tags=["spectra"])
 
 MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
 # trial statuses whose results no longer change (a failed trial may run again)
-STABLE = (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.CANCELLED)
+STABLE = (
+    TrialStatus.COMPLETED,
+    TrialStatus.DIVERGED,
+    TrialStatus.CANCELLED,
+    TrialStatus.STOPPED,
+)
 
 Name = Annotated[
     str | None,

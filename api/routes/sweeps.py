@@ -17,6 +17,7 @@ from api.routes.deps import (
     TrialId,
 )
 from api.schemas import (
+    BestTrial,
     SweepPublic,
     SweepsPublic,
     SweepStatus,
@@ -25,6 +26,7 @@ from api.schemas import (
     TrialStatus,
 )
 from api.spec_body import SPEC_BODY, read_spec
+from service.search.best import best_trial
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store, SweepInfo, TrialInfo
@@ -74,8 +76,14 @@ def read_sweeps(
 
 @router.get("/sweeps/{sweep_id}", response_model=SweepPublic, responses=ERROR_RESPONSES)
 def read_sweep(sweep_id: SweepId, store: StoreDep) -> SweepPublic:
-    """One sweep with trial counts by status, progress and ETA."""
-    return sweep_public(store.get_sweep(sweep_id))
+    """One sweep with trial counts by status, progress and ETA; for a search (`search: {kind:
+    tpe}`) or early stopping, `best`: the best completed trial so far and its value."""
+    info = store.get_sweep(sweep_id)
+    out = sweep_public(info)
+    best = best_trial(store, sweep_id, info.spec)
+    if best is not None:
+        out.best = BestTrial(**best)
+    return out
 
 
 @router.post("/sweeps/{sweep_id}/cancel", response_model=SweepPublic, responses=WRITE_RESPONSES)

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from service.cost import CostEstimate
 from service.status import trials_finished
 
 
@@ -34,6 +35,9 @@ class SweepInfo(BaseModel):
     runner_id: str | None
     error: str | None
     spec: dict[str, Any] = Field(description="the validated SweepSpec")
+    estimate: CostEstimate | None = Field(
+        None, description="what its own (not reused) trials cost: epochs, flops, seconds"
+    )
 
     @property
     def trials_done(self) -> int:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from service.errors import InvalidInput
 from service.settings import Settings, get_settings
 from service.spec import SweepSpec
+from service.status import SweepStatus
 from service.store import reads, results, spectra, sweeps, trials
 from service.store.engine import Sessions, make_engine
 from service.store.engine import migrate as run_migrations
@@ -261,6 +262,34 @@ class Store:
         """
         with self._read() as s:
             return trials.runnable_trials(s, sweep_id, after_index, limit)
+
+    def append_trials(
+        self, sweep_id: int, configs: list[Any], *, runner_id: str | None = None
+    ) -> list[TrialInfo]:
+        """Add trials (TrialConfigs) to a sweep at its next indices: an adaptive search's asks
+        (service/search/tpe.py). A config whose results are stored (completed or diverged, same
+        config hash) is created finished and reusing them, as in create_sweep, unless the
+        spec says `rerun`.
+
+        Args:
+            runner_id: fence the write: only while the sweep is running under this runner.
+
+        Raises:
+            NotFound: no sweep has this id.
+            LeaseLost: (a Conflict) runner_id does not hold the sweep.
+        """
+        with self._write() as s:
+            w = sweeps.get_sweep_row(s, sweep_id, lock=True)
+            if runner_id is not None and (
+                w.status != SweepStatus.RUNNING or w.runner_id != runner_id
+            ):
+                raise sweeps.LeaseLost(
+                    f"sweep {sweep_id} is no longer held by runner {runner_id} "
+                    f"({w.status}, runner {w.runner_id}); nothing was written"
+                )
+            rerun = bool((w.spec or {}).get("rerun", False))
+            rows = sweeps.append_trials(s, sweep_id, configs, rerun=rerun)
+            return [trials.trial_info(t) for t in rows]
 
     def runnable_totals(self, sweep_id: int) -> tuple[int, int]:
         """How many of the sweep's trials are still to run, and the records a full run of them

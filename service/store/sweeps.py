@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
 from operator import itemgetter
@@ -11,7 +11,8 @@ from typing import Any
 from sqlalchemy import Table, and_, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
-from service.config import CONFIG_FIELDS, config_hash
+from service import cost
+from service.config import CONFIG_FIELDS, TrialConfig, config_hash
 from service.datasets import check_datasets
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from service.settings import Settings
@@ -43,6 +44,11 @@ def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
     # The trials that will run need their dataset here (a few stat calls): refused now, naming
     # the missing files, rather than failed by every trial (InvalidInput, service.datasets).
     check_datasets({t["dataset"] for t in trials if t["config_hash"] not in reuse}, settings)
+    # What the trials that will run cost (service.cost): refused over the budget unless accepted.
+    key = itemgetter(*cost.COST_FIELDS)
+    counts = Counter(key(t) for t in trials if t["config_hash"] not in reuse)
+    own = Counter({cost.Shape(*k): n for k, n in counts.items()})
+    check_budget(_estimate(s, {"resources": spec.resources.model_dump()}, own), spec, settings)
     now = utcnow()
     all_reused = len(reuse) == len(trials) and bool(trials)
     sweep = SqlSweep(
@@ -58,6 +64,7 @@ def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
     )
     s.add(sweep)
     s.flush()  # assigns sweep.id
+    _remember_totals(s, sweep, own)
     for k in range(0, len(trials), INSERT_ROWS):  # in expansion order: ids follow the index
         rows = [
             _with_source(t, sweep.id, reuse.get(t["config_hash"]), now)
@@ -65,6 +72,171 @@ def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
         ]
         insert_many(s, SqlTrial.__table__, rows)  # type: ignore[arg-type]
     return sweep_infos(s, [sweep])[0]
+
+
+def check_budget(estimate: cost.CostEstimate, spec: SweepSpec, settings: Settings) -> None:
+    """Refuse a sweep whose estimated time is over Settings.max_sweep_hours, unless its spec
+    says `accept_cost: true`.
+
+    Raises:
+        LimitExceeded: field `budget`, with the estimate.
+    """
+    hours = settings.max_sweep_hours
+    if estimate.seconds > hours * 3600 and not spec.accept_cost:
+        raise LimitExceeded(
+            f"the sweep would take {estimate.text}, over the budget of {hours:g} h (set by "
+            "ISOSWEEP_MAX_SWEEP_HOURS); add `accept_cost: true` to the spec to run it anyway",
+            field="budget",
+        )
+
+
+def _estimate(
+    s: Session,
+    spec: dict[str, Any],
+    shapes: Any,
+    throughputs: dict[str, cost.Throughput] | None = None,
+) -> cost.CostEstimate:
+    """cost.estimate_counts of a stored spec's trials at the store's measured throughput."""
+    kind, units = cost.resources_kind(spec.get("resources"))
+    if throughputs is None or kind not in throughputs:
+        measured = cost.measure_throughput(s, kind)
+        if throughputs is not None:
+            throughputs[kind] = measured
+    else:
+        measured = throughputs[kind]
+    return cost.estimate_counts(shapes, measured, units)
+
+
+# The shapes of each sweep's own trials (immutable once created), by (database, sweep, created).
+_TOTALS: dict[tuple[str, int, Any], Counter[cost.Shape]] = {}
+TOTALS_KEPT = 4096
+
+
+def _totals_key(s: Session, w: SqlSweep) -> tuple[str, int, Any]:
+    return (str(s.get_bind().engine.url), w.id, w.created_at)
+
+
+def _remember_totals(s: Session, w: SqlSweep, shapes: Counter[cost.Shape]) -> None:
+    while len(_TOTALS) >= TOTALS_KEPT:
+        _TOTALS.pop(next(iter(_TOTALS)))
+    _TOTALS[_totals_key(s, w)] = shapes
+
+
+_COST_COLUMNS = [getattr(SqlTrial, f) for f in cost.COST_FIELDS]
+
+
+def _sweep_costs(
+    s: Session, sweeps: Sequence[SqlSweep]
+) -> dict[int, tuple[cost.CostEstimate, float | None]]:
+    """Each sweep's estimate (its own trials, service.cost) and, while it runs, the seconds its
+    unfinished trials' remaining epochs take by the same model (the ETA)."""
+    # an adaptive search adds trials as it goes (append_trials): its totals are never cached
+    missing = [
+        w
+        for w in sweeps
+        if _totals_key(s, w) not in _TOTALS or planned_trials(w.spec or {}) is not None
+    ]
+    if missing:
+        grouped: dict[int, Counter[cost.Shape]] = defaultdict(Counter)
+        q = (
+            select(SqlTrial.sweep_id, *_COST_COLUMNS, func.count())
+            .where(SqlTrial.sweep_id.in_([w.id for w in missing]))
+            .where(SqlTrial.results_from.is_(None))
+            .group_by(SqlTrial.sweep_id, *_COST_COLUMNS)
+        )
+        for sweep_id, *shape, n in s.execute(q):
+            grouped[sweep_id][cost.Shape(*shape)] += n
+        for w in missing:
+            _remember_totals(s, w, grouped.get(w.id, Counter()))
+    left: dict[int, list[tuple[cost.Shape, int, float]]] = defaultdict(list)
+    running = [w.id for w in sweeps if w.status == SweepStatus.RUNNING]
+    if running:
+        q = (
+            select(
+                SqlTrial.sweep_id,
+                *_COST_COLUMNS,
+                func.count(),
+                func.sum(func.coalesce(SqlTrial.last_epoch, 0)),
+                func.sum(SqlTrial.epochs_done),
+                func.count(SqlTrial.last_epoch),
+            )
+            .where(SqlTrial.sweep_id.in_(running), SqlTrial.status.in_(UNFINISHED_TRIAL))
+            .where(SqlTrial.results_from.is_(None))
+            .group_by(SqlTrial.sweep_id, *_COST_COLUMNS)
+        )
+        for sweep_id, *row in s.execute(q):
+            *shape, n, last, done, started = row
+            sh = cost.Shape(*shape)
+            flops = cost.remaining_flops(
+                sh, n * sh.epochs - int(last or 0), n * sh.n_recorded_epochs - int(done or 0), False
+            ) + (n - int(started or 0)) * cost.remaining_flops(sh, 0, 0, True)
+            left[sweep_id].append((sh, n, flops / n))
+    throughputs: dict[str, cost.Throughput] = {}
+    out: dict[int, tuple[cost.CostEstimate, float | None]] = {}
+    for w in sweeps:
+        spec = w.spec or {}
+        shapes = _TOTALS[_totals_key(s, w)]
+        items = [(sh, n, cost.trial_flops(sh)) for sh, n in shapes.items()]
+        rest = left[w.id]
+        planned = planned_trials(spec)
+        created = sum(shapes.values())
+        if planned is not None and planned > created and created:
+            # the trials not asked yet: as many more of the mean trial so far (the commonest shape)
+            mean = sum(n * f for _, n, f in items) / created
+            extra = (shapes.most_common(1)[0][0], planned - created, mean)
+            items, rest = [*items, extra], [*rest, extra]
+        total = _estimate(s, spec, items, throughputs)
+        eta = _estimate(s, spec, rest, throughputs).seconds if w.id in running else None
+        out[w.id] = (total, eta)
+    return out
+
+
+def append_trials(
+    s: Session, sweep_id: int, configs: Sequence[TrialConfig], *, rerun: bool = False
+) -> list[SqlTrial]:
+    """Add trials to a sweep after it was created (an adaptive search's asks: service/search/
+    tpe.py), at the next indices, reusing stored results by config hash as create_sweep does
+    (unless `rerun`). Returns the new rows, in order."""
+    w = get_sweep_row(s, sweep_id, lock=True)
+    top = s.scalar(select(func.max(SqlTrial.index)).where(SqlTrial.sweep_id == sweep_id))
+    start = -1 if top is None else int(top)
+    rows = [
+        {
+            "index": start + 1 + k,
+            "config": c.to_dict(),
+            "config_hash": config_hash(c),
+            "status": TrialStatus.QUEUED.value,
+            "attempts": 0,
+            "epochs_done": 0,
+            "epochs_total": c.n_recorded_epochs,
+            **{f: getattr(c, f) for f in CONFIG_FIELDS},
+        }
+        for k, c in enumerate(configs)
+    ]
+    reuse = {} if rerun else _reusable(s, [r["config_hash"] for r in rows])
+    now = utcnow()
+    new = [_with_source(r, w.id, reuse.get(r["config_hash"]), now) for r in rows]
+    insert_many(s, SqlTrial.__table__, new)  # type: ignore[arg-type]
+    q = (
+        select(SqlTrial)
+        .where(SqlTrial.sweep_id == sweep_id, SqlTrial.index > start)
+        .order_by(SqlTrial.index)
+    )
+    return list(s.scalars(q))
+
+
+def planned_trials(spec: dict[str, Any]) -> int | None:
+    """An adaptive search's planned total from a stored spec (n × grid cells × seeds), or None
+    for a sweep whose trials were all created with it."""
+    search = spec.get("search") or {}
+    if search.get("kind") != "tpe":
+        return None
+    cells = 1
+    for v in (spec.get("parameters") or {}).values():
+        if isinstance(v, list):
+            cells *= len(v)
+    seeds = spec.get("seeds", 1)
+    return int(search["n"]) * cells * (seeds if isinstance(seeds, int) else len(seeds))
 
 
 def insert_many(s: Session, table: Table, rows: list[dict[str, Any]]) -> None:
@@ -172,7 +344,8 @@ def get_sweep_row(s: Session, sweep_id: int, *, lock: bool = False) -> SqlSweep:
 def sweep_infos(s: Session, sweeps: Sequence[SqlSweep]) -> list[SweepInfo]:
     """SweepInfo of each sweep, with one grouped query over their trials."""
     stats = _trial_stats(s, [w.id for w in sweeps])
-    return [_info(w, stats.get(w.id, [])) for w in sweeps]
+    costs = _sweep_costs(s, sweeps)
+    return [_info(w, stats.get(w.id, []), *costs[w.id]) for w in sweeps]
 
 
 def _trial_stats(s: Session, ids: list[int]) -> dict[int, list[tuple]]:
@@ -197,7 +370,9 @@ def _trial_stats(s: Session, ids: list[int]) -> dict[int, list[tuple]]:
     return out
 
 
-def _info(w: SqlSweep, stats: list[tuple]) -> SweepInfo:
+def _info(
+    w: SqlSweep, stats: list[tuple], estimate: cost.CostEstimate, eta_s: float | None
+) -> SweepInfo:
     counts = dict.fromkeys(TRIAL_STATUSES, 0)
     done = total = own_done = own_total = 0
     for status, reused, n, ep_done, ep_total in stats:
@@ -206,6 +381,14 @@ def _info(w: SqlSweep, stats: list[tuple]) -> SweepInfo:
         done, total = done + d, total + ep_total
         if not reused:
             own_done, own_total = own_done + d, own_total + ep_total
+    planned = planned_trials(w.spec or {})
+    if planned is not None and not SweepStatus(w.status).is_finished():
+        rows = sum(counts.values())  # the trials not asked yet count as queued
+        if planned > rows:
+            counts[TrialStatus.QUEUED] += planned - rows
+            per = total // rows if rows else 0  # records per trial, as the asked ones have
+            total += per * (planned - rows)
+            own_total += per * (planned - rows)
     progress = done / total if total else (1.0 if SweepStatus(w.status).is_finished() else 0.0)
     return SweepInfo(
         id=w.id,
@@ -220,20 +403,13 @@ def _info(w: SqlSweep, stats: list[tuple]) -> SweepInfo:
         counts=counts,
         n_trials=sum(counts.values()),
         progress=progress,
-        eta_s=_eta(w, own_done / own_total if own_total else None),
+        eta_s=eta_s if w.status == SweepStatus.RUNNING else None,
         cancel_requested=w.cancel_requested,
         runner_id=w.runner_id,
         error=w.error,
         spec=w.spec,
+        estimate=estimate,
     )
-
-
-def _eta(w: SqlSweep, p: float | None) -> float | None:
-    """Remaining seconds if the sweep's own (not reused) work goes on at the pace so far."""
-    if w.status != SweepStatus.RUNNING or w.started_at is None or not p:
-        return None
-    elapsed = (utcnow() - w.started_at).total_seconds()
-    return max(elapsed, 0.0) * (1 - p) / p
 
 
 def list_sweeps(

@@ -27,7 +27,12 @@ from service.store.schemas import TrialInfo
 from service.store.sweeps import UNFINISHED_TRIAL, check_page, check_status, get_sweep_row
 
 # Finished for good: a failed trial may start again (Tune's retry, or a resumed sweep's run).
-FINAL_TRIAL = (TrialStatus.COMPLETED, TrialStatus.DIVERGED, TrialStatus.CANCELLED)
+FINAL_TRIAL = (
+    TrialStatus.COMPLETED,
+    TrialStatus.DIVERGED,
+    TrialStatus.CANCELLED,
+    TrialStatus.STOPPED,
+)
 
 
 def trial_info(t: SqlTrial) -> TrialInfo:

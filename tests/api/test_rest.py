@@ -36,6 +36,7 @@ def test_submit_returns_201_with_the_expanded_sweep(api):
         "diverged": 0,
         "failed": 0,
         "cancelled": 0,
+        "stopped": 0,
     }
     assert s["progress"] == 0.0 and s["eta_s"] is None and s["cancel_requested"] is False
     assert s["spec"]["parameters"]["depth"] == [2, 4]

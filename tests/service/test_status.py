@@ -21,7 +21,9 @@ def test_members_are_their_strings():
 def test_finished_statuses():
     assert SweepStatus.finished() == ("completed", "cancelled", "failed")
     assert (
-        TrialStatus.finished() == FINISHED_TRIAL == ("completed", "diverged", "failed", "cancelled")
+        TrialStatus.finished()
+        == FINISHED_TRIAL
+        == ("completed", "diverged", "failed", "cancelled", "stopped")
     )
     assert not SweepStatus.QUEUED.is_finished() and not TrialStatus.RUNNING.is_finished()
     counts = {"queued": 2, "running": 1, "completed": 3, "diverged": 1, "failed": 1}

@@ -191,7 +191,10 @@ def test_six_big_submissions_at_once_all_succeed(database_url, monkeypatch):
     none waits on the busy timeout, and none fails with "database is locked"."""
     monkeypatch.setattr(engine, "SQLITE_BUSY_TIMEOUT_MS", 200)
     params = {"depth": list(range(1, 101)), "width": [8, 16], "epochs": 100_000, "norm": "none"}
-    specs = [parse_spec({"name": f"big{i}", "parameters": params, "seeds": 5}) for i in range(6)]
+    specs = [
+        parse_spec({"name": f"big{i}", "parameters": params, "seeds": 5, "accept_cost": True})
+        for i in range(6)
+    ]  # days of work each: past the cost budget, accepted
     created = []
     with Store(database_url) as store:
         barrier = threading.Barrier(len(specs))

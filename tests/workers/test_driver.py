@@ -621,7 +621,8 @@ def test_a_deterministic_failure_is_not_retried_and_its_message_is_whole(mixed_s
     assert info.status == "failed" and info.error.startswith("2 of 4 trials failed; the first, ")
     assert info.error in {f"2 of 4 trials failed; the first, trial {i}: {reason}" for i in failed}
     assert info.counts == {
-        "queued": 0, "running": 0, "completed": 1, "diverged": 1, "failed": 2, "cancelled": 0
+        "queued": 0, "running": 0, "completed": 1, "diverged": 1, "failed": 2, "cancelled": 0,
+        "stopped": 0,
     }  # fmt: skip
 
 

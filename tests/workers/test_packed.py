@@ -1,10 +1,10 @@
 """Packed trials (workers/packed.py): a member's numbers do not depend on its pack.
 
-Epoch 0 is measured member by member with the unpacked code: bit-identical to fit(). Trained
-epochs go through vmap'd batched kernels and the stacked optimizers, which round differently
-from single-trial kernels: held to fit() within measured tolerances (float32: losses within
-1e-4 relative after two epochs on digits — SGD 8e-6, Adam 1.7e-5 measured; every recorded
-metric within 1e-3)."""
+Epoch 0 is measured for the whole pack at once (one vmap'd forward and backward, shared
+factorizations): within 1e-6 relative of fit(). Trained epochs go through vmap'd batched
+kernels and the stacked optimizers, which round differently from single-trial kernels: held to
+fit() within measured tolerances (float32: losses within 1e-4 relative after two epochs on
+digits — SGD 8e-6, Adam 1.7e-5 measured; every recorded metric within 1e-3)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,8 @@ FAMILIES = {
 }
 LOSS_RTOL = 1e-4  # train/test loss of a trained member against fit(), float32 (Adam: 1.7e-5 seen)
 METRIC_RTOL = 1e-3  # any finite recorded value (gaps near singular amplify rounding)
-# epoch 0: the probe measurements are bit-identical; losses and accuracies come from one vmap'd
-# evaluation of the pack (the issue's bound: 1e-6 relative)
-BATCHED = {"train_loss", "train_acc", "test_loss", "test_acc"}
+# epoch 0: every value from one vmap'd forward/backward of the pack (probe measurements, losses,
+# accuracies) within 1e-6 relative of fit()'s, the issue's bound
 EPOCH0_RTOL = 1e-6
 ACC_ATOL = 0.01  # accuracies: a flip of one test sample in 360 is 0.0028
 
@@ -70,14 +69,17 @@ def assert_close_records(mine, want, *, exact_epoch0=True):
                 assert a[key] == b[key], key
                 continue
             x, y = np.asarray(a[key], float), np.asarray(b[key], float)
-            if a["epoch"] == 0 and exact_epoch0 and key not in BATCHED:
-                assert x.tobytes() == y.tobytes(), key  # measured member by member
-                continue
-            if a["epoch"] == 0 and exact_epoch0:  # evaluated for the whole pack at once
-                np.testing.assert_allclose(x, y, rtol=EPOCH0_RTOL, err_msg=key)
+            if a["epoch"] == 0 and exact_epoch0:  # measured for the whole pack at once
+                np.testing.assert_array_equal(np.isfinite(x), np.isfinite(y), err_msg=key)
+                fin = np.isfinite(x)
+                np.testing.assert_allclose(x[fin], y[fin], rtol=EPOCH0_RTOL, err_msg=key)
                 continue
             np.testing.assert_array_equal(np.isfinite(x), np.isfinite(y), err_msg=key)
             fin = np.isfinite(x)
+            if key.startswith("range_isometry_gap/"):
+                # where the Gram is structurally singular (isometry_gap +inf) a conservative rank
+                # bound can count an eigenvalue at rounding level: its range gap is rounding
+                fin &= np.isfinite(np.asarray(a[key.replace("range_", "", 1)], float))
             rtol = LOSS_RTOL if key.endswith("_loss") else METRIC_RTOL
             # an accuracy is a count: a near-tie can flip a sample or two
             atol = ACC_ATOL if key.endswith("_acc") else 1e-9

@@ -1,6 +1,7 @@
 // The isosweep dashboard's only script. The pages are complete without it (rendered on the
-// server); it adds: polling the JSON API while something runs and swapping the page's live
-// parts in place, plots re-drawn as results arrive (with the server's message when a plot
+// server); it adds: following a running sweep's event stream (GET /sweeps/{id}/events) — or,
+// where there is no stream, polling the JSON API while something runs — and swapping the page's
+// live parts in place, plots re-drawn as results arrive (with the server's message when a plot
 // cannot be drawn), the cancel button, and greying out plot options the kind ignores.
 // No dependencies, nothing from other hosts.
 "use strict";
@@ -61,7 +62,7 @@
   function schedule() {
     if (timer !== null) clearTimeout(timer);
     timer = null;
-    if (!body.dataset.poll) return;
+    if (!body.dataset.poll || stream !== null) return; // the stream tells of every change
     if (active() || failures) {
       timer = setTimeout(poll, POLL_MS * Math.min(1 + failures, 5));
     } else if (body.dataset.page === "index") {
@@ -85,6 +86,76 @@
       plotsAt = now;
       document.querySelectorAll("img[data-plot]").forEach(reloadPlot);
     }
+  }
+
+  // --- the event stream ------------------------------------------------------------------------
+  // A running sweep's page (data-events) follows GET /sweeps/{id}/events instead of polling:
+  // each `progress` that changes what the page shows and each `trial` re-renders the live parts
+  // (one refresh at a time; events that arrive meanwhile make one more), `end` re-renders them a
+  // last time and closes the stream. If the stream cannot be opened or breaks (a 503 when the
+  // server has too many open, a lost connection), the page falls back to polling. The stream is
+  // same-origin, so with a token set the session cookie goes along as with every fetch.
+
+  let stream = null;
+  let refreshing = false;
+  let again = false; // an event arrived during a refresh
+  let firstOnly = true; // nothing but the stream's first `progress` seen yet
+
+  async function refreshSoon(first) {
+    if (refreshing) {
+      again = true;
+      return;
+    }
+    refreshing = true;
+    try {
+      do {
+        again = false;
+        await refresh(first);
+        first = false;
+      } while (again);
+      setNote(stream !== null ? "live" : "");
+    } catch (e) {
+      setNote("cannot reach the server; retrying…");
+      if (stream === null) {
+        failures += 1;
+        schedule();
+      }
+    } finally {
+      refreshing = false;
+    }
+  }
+
+  function stopStream() {
+    if (stream !== null) stream.close();
+    stream = null;
+  }
+
+  function listen() {
+    if (!body.dataset.events || !active() || typeof EventSource !== "function") return false;
+    const es = new EventSource(body.dataset.events);
+    stream = es;
+    es.addEventListener("progress", (event) => {
+      const seen = versionOf(JSON.parse(event.data));
+      const first = firstOnly;
+      firstOnly = false;
+      if (seen === version) return;
+      version = seen;
+      refreshSoon(first); // the first: the page may be older than the stream; no plot re-draw
+    });
+    es.addEventListener("trial", () => refreshSoon(false));
+    es.addEventListener("end", (event) => {
+      stopStream();
+      version = versionOf(JSON.parse(event.data));
+      refreshSoon(false); // no longer active: the plots are re-drawn
+    });
+    es.addEventListener("error", () => {
+      if (stream !== es) return; // closed on purpose
+      stopStream();
+      setNote("live stream lost; polling");
+      schedule(); // active() still: polls every POLL_MS
+    });
+    setNote("live");
+    return true;
   }
 
   // --- plots -----------------------------------------------------------------------------------
@@ -202,6 +273,8 @@
       poll();
     }
   });
-  if (body.dataset.poll && active()) setNote("live");
-  schedule();
+  if (!listen()) {
+    if (body.dataset.poll && active()) setNote("live");
+    schedule();
+  }
 })();
