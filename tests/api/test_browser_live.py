@@ -118,4 +118,6 @@ def test_a_refused_stream_falls_back_to_polling(api, tab, monkeypatch):  # noqa:
     api.store.finish_trial(trial.id, "completed")
     api.store.finish_sweep(s["id"])
     tab.locator("#sweep-head .badge", has_text="completed").wait_for()
-    assert tab.errors == []
+    # the refused stream, closed by the page on its error (Chromium may log it as aborted)
+    aborted = f"{api.url}/api/v1/sweeps/{s['id']}/events: net::ERR_ABORTED"
+    assert [e for e in tab.errors if e != aborted] == []
