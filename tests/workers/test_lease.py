@@ -38,7 +38,8 @@ PROBE = textwrap.dedent(
             f.write(line + "\\n")
 
     def run_trial(config):
-        note(f"trial {config[trainable.PARAM_KEY]['trial_id']} {os.getpid()}")
+        for tid, _ in trainable.members_of(config[trainable.PARAM_KEY]):  # one, or a pack's
+            note(f"trial {tid} {os.getpid()}")
         return trainable.run_trial(config)
     """
 )

@@ -93,12 +93,13 @@ def test_run_stores_the_rows_then_reuses_them(tmp_path):
 # --- the Runner in this process ---------------------------------------------------------------
 
 
-def submit(store, name, *, priority=0, epochs=1, seeds=1, depth=2):
+def submit(store, name, *, priority=0, epochs=1, seeds=1, depth=2, pack=1):
     spec = {
         "name": name,
         "parameters": {"depth": depth, "epochs": epochs, **TINY},
         "seeds": seeds,
         "priority": priority,
+        "pack": pack,  # trials alone, finishing one by one (packs: test_packed_runner.py)
     }
     return store.create_sweep(parse_spec(spec))
 
