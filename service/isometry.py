@@ -198,21 +198,30 @@ def unit_gram(gram: np.ndarray) -> np.ndarray:
     d = np.diag(G)
     if not (d > 0).all():
         raise InvalidInput("needs a positive diagonal (an all-zero input?)", field="input_gram")
-    C = (G / np.sqrt(np.outer(d, d)) + (G / np.sqrt(np.outer(d, d))).T) / 2
+    C = _rescaled(G)
     lam_min = np.linalg.eigvalsh(C)[0]
     if lam_min < -1e-8 * C.shape[0]:
         raise InvalidInput(
             f"is not positive semi-definite (smallest eigenvalue {lam_min:.3g})", field="input_gram"
         )
-    return _unit_diagonal(G)
+    return _clipped(C)
 
 
 def _unit_diagonal(G: np.ndarray) -> np.ndarray:
     """G (symmetric, positive diagonal) rescaled to unit diagonal, symmetrized, entries clipped
     to [−1, 1] and the diagonal set to exactly 1."""
+    return _clipped(_rescaled(G))
+
+
+def _rescaled(G: np.ndarray) -> np.ndarray:
+    """G / √(d dᵀ) for d = diag(G), symmetrized."""
     d = np.diag(G)
     C = G / np.sqrt(np.outer(d, d))
-    C = (C + C.T) / 2
+    return (C + C.T) / 2
+
+
+def _clipped(C: np.ndarray) -> np.ndarray:
+    """C's entries clipped to [−1, 1], its diagonal set to exactly 1."""
     C = np.clip(C, -1.0, 1.0)
     np.fill_diagonal(C, 1.0)
     return C

@@ -529,13 +529,18 @@ def rms_and_mean_cosine(H: Tensor) -> tuple[float, float]:
     return rms, float((u.square().sum() - k) / (k * (k - 1)))
 
 
+def _indices_by_shape(tensors: Sequence[Tensor]) -> list[list[int]]:
+    """The indices of `tensors`, grouped by shape (groups in order of first appearance)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(tuple(t.shape), []).append(i)
+    return list(groups.values())
+
+
 def _by_shape(H: list[Tensor]) -> list[tuple[list[int], Tensor, Tensor]]:
     """Per distinct shape of the H[i] (n, d_i): its indices and `_supports` masks (one group
     for an MLP, whose taps are all (n, d))."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, h in enumerate(H):
-        groups.setdefault(tuple(h.shape), []).append(i)
-    return [(idx, *_supports([H[i] for i in idx])) for idx in groups.values()]
+    return [(idx, *_supports([H[i] for i in idx])) for idx in _indices_by_shape(H)]
 
 
 def probe_metrics(
@@ -757,10 +762,7 @@ def _rms_and_cosines(outputs: list[Tensor], K: int, L: int) -> tuple[np.ndarray,
     shape."""
     rms = np.empty(K * L)
     cos = np.empty(K * L)
-    by_shape: dict[tuple[int, ...], list[int]] = {}
-    for i, h in enumerate(outputs):
-        by_shape.setdefault(tuple(h.shape), []).append(i)
-    for at in by_shape.values():
+    for at in _indices_by_shape(outputs):
         M = torch.stack([outputs[i].detach() for i in at]).flatten(2).to(F64)  # (B, n, f)
         r = torch.sqrt(M.square().mean(dim=(1, 2)))
         norms = torch.linalg.vector_norm(M, dim=2)  # (B, n)
@@ -777,10 +779,7 @@ def _spectra(H: list[Tensor], idx: Tensor, kinds: list[str], W: list[Tensor], L:
     """The "spectrum/*" record fields of `probe_metrics`."""
     n = H[0].shape[0]
     lam = torch.empty(len(H), n, dtype=F64, device=H[0].device)
-    by_shape: dict[tuple[int, ...], list[int]] = {}
-    for i, h in enumerate(H):
-        by_shape.setdefault(tuple(h.shape), []).append(i)
-    for group in by_shape.values():
+    for group in _indices_by_shape(H):
         lam[torch.tensor(group, device=lam.device)] = torch.cat(
             [spectra(c, n) for c in _stacked(H, group)]
         )
