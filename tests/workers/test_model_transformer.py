@@ -160,9 +160,17 @@ def test_centring_tokens_can_increase_the_token_gap():
     assert float(token_gaps(X)[0]) == pytest.approx(0.0, abs=1e-12)
     assert float(token_cosines(Y)[0]) == pytest.approx(-0.5, abs=1e-12)
     assert float(token_gaps(Y)[0]) == pytest.approx(-0.5 * math.log(0.75), rel=1e-12)
-    # at d = 4 the centred tokens are exactly opposite: from gap 0 to +∞
-    Z = F.layer_norm(X[..., :4] * 1.0, (4,), eps=0.0)
+    # at d = 4 the centred tokens are exactly opposite: from gap 0 to +∞. Centred and scaled by
+    # hand the tokens are ±(1, 1, −1, −1) exactly (means 1/2, deviations ±1/2, σ = 1/2: every step
+    # exact in binary), so +∞ holds by construction; a kernel's F.layer_norm may round the two
+    # tokens differently in the last bit (then the Gram is regular at rounding level), so it is
+    # compared to the exact tokens, not asked for the +∞ itself
+    X4 = X[..., :4]
+    C = X4 - X4.mean(dim=-1, keepdim=True)
+    Z = C / C.square().mean(dim=-1, keepdim=True).sqrt()
+    assert torch.equal(Z[0, 0], -Z[0, 1]) and torch.equal(Z[0, 0].abs(), torch.ones(4, dtype=F64))
     assert float(token_gaps(Z)[0]) == math.inf
+    torch.testing.assert_close(F.layer_norm(X4, (4,), eps=0.0), Z, rtol=0, atol=1e-15)
 
 
 # ---------------------------------------------------------------------------------------------

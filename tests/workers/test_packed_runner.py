@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from expected_rows import expected_keys, row_keys
 from support import TINY
+from test_packed import EPOCH0_RTOL, METRIC_RTOL
 from test_runner import kill_session, session_pids, start_runner, wait_until
 
 from service.config import SCALAR_METRICS, TrialConfig
@@ -30,8 +31,8 @@ def spec(name: str, parameters: dict, **top) -> dict:
 @pytest.mark.slow
 def test_a_packed_sweep_stores_every_member_as_fit_records_it(database_url, ray_local):
     """6 trials in packs of up to 3 (lr and seed differ inside a pack), one of them diverging:
-    it alone is `diverged`; every row is stored once; epoch 0's probe metrics are fit()'s bit
-    for bit, trained values within the packed tolerance (tests/workers/test_packed.py)."""
+    it alone is `diverged`; every row is stored once; probe metrics equal fit()'s within the
+    packed tolerances (tests/workers/test_packed.py), the diverging member's by epoch and flag."""
     body = spec(
         "packed",
         {"depth": 3, "epochs": 2, "norm": "none", "init_gain": 2.0, "lr": [0.01, 1e6, 0.02]},
@@ -64,10 +65,20 @@ def test_a_packed_sweep_stores_every_member_as_fit_records_it(database_url, ray_
             for m in ("isometry_gap/act", "grad_norm", "weight_isometry_gap"):
                 epochs, values = store.trial_history(t.id, m)
                 assert list(epochs) == [r["epoch"] for r in recs], (t.id, m)
-                np.testing.assert_array_equal(values[0], recs[0][m])  # epoch 0: bit for bit
-                for got, rec in zip(values[1:], recs[1:], strict=True):
+                for got, rec in zip(values, recs, strict=True):
+                    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(rec[m]), m)
+                    if rec["diverged"]:
+                        # lr 1e6 multiplies each rounding difference by ~1e6 a step: the record of
+                        # the diverging epoch is chaos (pack vs alone 6.7e-4 measured, alone at 1
+                        # vs 2 threads as far apart); its epoch and flag are the result
+                        continue
                     fin = np.isfinite(rec[m])
-                    np.testing.assert_allclose(got[fin], rec[m][fin], rtol=1e-3)
+                    # epoch 0 from one vmap'd probe of the pack, trained values after SGD steps in
+                    # stacked kernels: measured here ≤ 3e-9 and ≤ 4.7e-6 relative (alone at 1 vs 2
+                    # threads: ≤ 9.3e-6), so these bounds leave two orders of magnitude for other
+                    # CPUs' rounding (tests/workers/test_packed.py)
+                    rtol = EPOCH0_RTOL if rec["epoch"] == 0 else METRIC_RTOL
+                    np.testing.assert_allclose(got[fin], rec[m][fin], rtol=rtol, err_msg=m)
         assert set(keys) == want
 
 
