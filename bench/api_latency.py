@@ -29,9 +29,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -42,30 +39,16 @@ from typing import Any
 
 import httpx
 import numpy as np
+from api_server import EPOCHS, SWEEP, completed_sweep, epoch_batch, free_port, start_server
 
-from service.config import LAYER_METRICS, SCALAR_METRICS
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
-
-ROOT = Path(__file__).resolve().parents[1]
 
 STATUS_P99_MS = 50.0
 SUBMIT_S = 1.0
 METRICS_QUERY = {"metric": "isometry_gap/act", "epoch": "last", "aggregate": "true"}
 METRICS_ARGS = {"metrics": "isometry_gap/act", "epoch": "last", "aggregate": True}
-EPOCHS = 10
-SWEEP = {
-    "name": "bench-200",
-    "parameters": {
-        "depth": [10, 25, 50, 100],
-        "activation": ["relu", "tanh", "sin", "identity", "gelu"],
-        "epochs": EPOCHS,
-        "width": 64,
-        "batch_size": 64,
-    },
-    "seeds": 10,
-}
 BIG = {
     "name": "bench-1000",
     "parameters": {
@@ -76,30 +59,6 @@ BIG = {
     },
     "seeds": 10,
 }
-
-
-def epoch_batch(trials: list, e: int, rng: np.random.Generator) -> list:
-    batch = []
-    for t in trials:
-        rec = {"epoch": e, **{m: float(rng.random()) for m in SCALAR_METRICS}}
-        rec.update({m: rng.random(t.config["depth"]) for m in LAYER_METRICS})
-        batch.append((t.id, rec))
-    return batch
-
-
-def completed_sweep(store: Store) -> int:
-    """A finished 200-trial sweep, every epoch of every trial stored; returns its id."""
-    sweep = store.create_sweep(parse_spec(SWEEP, settings=store.settings))
-    trials, _ = store.list_trials(sweep.id, limit=1000)
-    for t in trials:
-        store.start_trial(t.id)  # an attempt starts from no stored results: start, then write
-    rng = np.random.default_rng(0)
-    for e in range(EPOCHS + 1):
-        store.write_records(epoch_batch(trials, e, rng))
-    for t in trials:
-        store.finish_trial(t.id, "completed")
-    assert store.finish_sweep(sweep.id).status == "completed"
-    return sweep.id
 
 
 def running_sweep(store: Store, epochs: int) -> tuple[int, list]:
@@ -126,35 +85,6 @@ def writer(url: str, trials: list[tuple[int, int]], first: int, stop: Any) -> No
             if stop.wait(1.0):
                 return
             store.write_records(epoch_batch(shaped, e, rng))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(
-    url: str, port: int, env_extra: dict[str, str] | None = None, root: Path = ROOT
-) -> subprocess.Popen:
-    """The API as `isosweep serve --no-runner` runs it (api.server.serve_api), quietly, from
-    the source tree `root` (another checkout: a baseline)."""
-    env = {**os.environ, "ISOSWEEP_DATABASE_URL": url, "ISOSWEEP_PORT": str(port)}
-    env.update(env_extra or {})
-    if root != ROOT:
-        env["PYTHONPATH"] = str(root)
-    code = "from api.server import serve_api; serve_api(log_level='warning', access_log=False)"
-    cmd = [sys.executable, "-c", code]
-    proc = subprocess.Popen(cmd, cwd=root, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz", timeout=1).raise_for_status()
-            return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server did not start")
 
 
 def timed(client: httpx.Client, path: str, params: dict | None = None) -> float:

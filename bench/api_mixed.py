@@ -1,7 +1,7 @@
 """Heavy reads and big submissions against a real uvicorn server (run through
 bench/api_latency.py: `--phase mixed` or `--phase submit`).
 
-mixed: a SQLite file (or --database-url) holding api_latency's completed 200-trial sweep
+mixed: a SQLite file (or --database-url) holding api_server's completed 200-trial sweep
 (≈ 0.5 M stored values). Then, twice in this process (three times with --before-tree, a
 checkout of the code before, served first), a fresh server and --clients (default 40)
 loopback client threads, each making --requests requests and stopping: plots (layer_profile,
@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from api_latency import ROOT, completed_sweep, free_port, start_server
+from api_server import ROOT, completed_sweep, free_port, start_server
 
 from service.settings import Settings
 from service.store import Store

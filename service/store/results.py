@@ -8,8 +8,6 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Table, bindparam, delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from service import jsonfmt
@@ -17,8 +15,8 @@ from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SCALAR_METRICS, 
 from service.errors import Conflict, InvalidInput, NotFound
 from service.store import codec, spectra
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
+from service.store.upserts import CHUNK, upsert
 
-CHUNK = 500  # rows per executemany
 METRIC_TABLE: Table = SqlMetric.__table__  # type: ignore[assignment]
 ARTIFACT_TABLE: Table = SqlArtifact.__table__  # type: ignore[assignment]
 
@@ -160,18 +158,3 @@ def _advance(t: SqlTrial, epoch: int, record: dict[str, Any]) -> None:
         t.summary = {
             m: jsonfmt.encode_float(float(record[m])) for m in SCALAR_METRICS if m in record
         }
-
-
-def upsert(
-    s: Session, table: Table, rows: list[dict[str, Any]], keys: tuple[str, ...], cols: tuple
-) -> None:
-    """INSERT … ON CONFLICT (keys) DO UPDATE SET cols, executemany in chunks."""
-    if not rows:
-        return
-    make = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    ins = make(table)
-    stmt = ins.on_conflict_do_update(
-        index_elements=list(keys), set_={c: ins.excluded[c] for c in cols}
-    )
-    for k in range(0, len(rows), CHUNK):
-        s.execute(stmt, rows[k : k + CHUNK])

@@ -4,7 +4,7 @@ input–output Jacobian on the first k probe samples, (k, min(d, d_in)).
 
 Unlike a metric row (one per-layer vector), a row here is a whole (rows, columns) array as
 little-endian float64 bytes in C order, keyed by (trial, name, epoch). Writes reuse the metrics'
-idempotent upsert (service.store.results.upsert): an epoch written again is replaced whole, and
+idempotent upsert (service.store.upserts): an epoch written again is replaced whole, and
 arrays its new record no longer holds are deleted. Reads are bounded like every read: the values
 are counted from the stored shapes before any blob is fetched.
 """
@@ -23,8 +23,8 @@ from service.errors import InvalidInput, LimitExceeded
 from service.store import codec
 from service.store.models import SqlSpectrum, SqlTrial
 from service.store.trials import get_trial_row
+from service.store.upserts import CHUNK, upsert
 
-CHUNK = 500
 SPECTRUM_TABLE: Table = SqlSpectrum.__table__  # type: ignore[assignment]
 JACOBIAN_KEY = "jacobian_singular_values"
 EpochArg = int | str | None  # a recorded epoch, "last" (the highest stored), or None (all)
@@ -82,8 +82,6 @@ def write_spectra(s: Session, rows: list[dict[str, Any]], written: list[tuple[in
     """Upsert `rows`; of the (trial, epoch)s in `written`, delete the stored arrays their rows
     lack (an epoch written again is replaced whole). One key-only query finds those first, so
     a batch of trials without spectra costs a single indexed read."""
-    from service.store.results import upsert  # results imports this module
-
     upsert(s, SPECTRUM_TABLE, rows, ("trial_id", "name", "epoch"), ("shape", "data"))
     if not written:
         return
