@@ -7,7 +7,7 @@
   exactly 0, two exactly equal tokens (a rank-collapsed sample: all its tokens identical to float
   precision), or fewer non-zero features than tokens — and hence +∞ for the layer if any
   sample's is; NaN for non-finite tokens. Everything else is finite, however ill-conditioned
-  (computed as workers.metrics computes the sample gaps, batched over samples, in float64).
+  (computed as workers/gaps.py computes the sample gaps, batched over samples, in float64).
 - "token_cosine": the mean off-diagonal cosine similarity between a sample's tokens,
   (‖Σ_t u_t‖² − T) / (T(T − 1)) with u_t = x_t/‖x_t‖, averaged over the samples: 1 is rank
   collapse (all tokens parallel), 0 for orthogonal tokens. A sample with an exactly zero token
@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.metrics import F64, Structure, isometry_gaps
+from workers.gaps import F64, isometry_gaps
+from workers.structure import Structure
 
 TOKEN_METRICS = ("token_isometry_gap", "token_cosine")
 

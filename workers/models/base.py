@@ -19,7 +19,6 @@ can be stacked along a leading axis and run as one batched model (docs/architect
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -27,10 +26,10 @@ import torch
 from torch import Tensor
 
 from service.config import DATASET_IMAGES
+from workers.structure import Fit, Structure
 
 if TYPE_CHECKING:
     from service.config import TrialConfig
-    from workers.metrics import Structure
 
 Params = dict[str, Tensor]
 State = dict[str, Tensor]
@@ -39,8 +38,7 @@ State = dict[str, Tensor]
 #   "batch"   — the batch's own, running statistics untouched (measuring; eval_norm = "batch");
 #   "running" — the running statistics (torch's eval mode).
 Mode = Literal["train", "batch", "running"]
-# refines a tap's structural rank bound by its own zero rows and columns (workers.metrics)
-Fit = Callable[["Structure", Tensor], "Structure"]
+__all__ = ["Fit", "Mode", "Net", "Params", "State", "Structure", "Taps", "as_images"]
 
 
 @dataclass

@@ -322,7 +322,7 @@ class CNNNet:
     # -- structure ----------------------------------------------------------------------------
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
-        """Per kind, the `Structure` (workers/metrics.py) of each block's tap, as flattened
+        """Per kind, the `Structure` (workers/structure.py) of each block's tap, as flattened
         (n, width·H·W) matrices, followed in forward order and refined by `fit` on every tap.
 
         Rules, for H the incoming flattened representation (n × F, F = width·H·W):
@@ -343,7 +343,7 @@ class CNNNet:
           Structure(False, min(n, F)).
         Parameter values decide (is b or β exactly 0?), not config flags.
         """
-        from workers.metrics import Structure
+        from workers.structure import Structure
 
         def is_zero(t: Tensor | None) -> bool:
             return t is None or bool(torch.all(t == 0))

@@ -72,7 +72,7 @@ class MLPNet:
         return logits, Taps(layers, [t[last] for t in triples])
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
-        from workers.metrics import structures
+        from workers.structure import structures
 
         z, a = taps.layers["linear"], taps.layers["act"]
         n = taps.layers.get("norm", z)

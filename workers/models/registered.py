@@ -290,7 +290,7 @@ class RegisteredNet:
         return out, Taps({"output": outs}, outs)
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
-        from workers.metrics import Structure
+        from workers.structure import Structure
 
         n = x.shape[0]
         return {

@@ -150,7 +150,7 @@ class ResMLPNet:
         return self.scale == 0 or (spec.activation == "identity" and spec.norm in COLUMN_NORMS)
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
-        """Per kind and block, an upper bound on each tap's rank (workers.metrics.Structure),
+        """Per kind and block, an upper bound on each tap's rank (workers.structure.Structure),
         followed in forward order and refined by `fit` at every tap before it is carried on.
 
         The input Linear follows the linear rule; the branch the MLP's rules from the stream's
@@ -162,7 +162,7 @@ class ResMLPNet:
         only where a block has a non-zero b_ℓ or a BatchNorm (its −μ and β); x_ℓ = x_{ℓ−1}
         (a finite f) for c = 0. Otherwise rank(x_ℓ) ≤ min(n, d, rank(x_{ℓ−1}) + rank(f))
         (rank(A + B) ≤ rank A + rank B)."""
-        from workers.metrics import (
+        from workers.structure import (
             Structure,
             _after_act,
             _after_linear,

@@ -306,7 +306,7 @@ class TransformerNet:
         + 1 for β ≠ 0) but scales tokens differently (a reset otherwise); layer_scale is a
         reset; batch_scale and none keep the bound. Only bounds that hold whatever the numbers
         are: too high costs a finite, large gap, never a wrong +∞."""
-        from workers.metrics import Structure, input_structure
+        from workers.structure import Structure, input_structure
 
         c = self.config
         n, d = x.shape[0], self.width
