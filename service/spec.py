@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from service import models, sampling
+from service import expressions, models, sampling
 from service.config import (
     CONFIG_FIELDS,
     TrialConfig,
@@ -42,7 +42,8 @@ from service.config import (
     pydantic_to_invalid,
 )
 from service.documents import check_shape, load_yaml
-from service.errors import InvalidInput, LimitExceeded
+from service.errors import InvalidInput, LimitExceeded, did_you_mean
+from service.expressions import Expression, parse_expression
 from service.sampling import Distribution, Search
 from service.search.halving import rungs
 from service.search.models import EarlyStop, TpeSearch
@@ -55,6 +56,9 @@ DOCUMENT_FIELDS = frozenset(
     f for f in CONFIG_FIELDS if get_origin(TrialConfig.model_fields[f].annotation) is dict
 )
 SEED_LIMIT = 2**31  # TrialConfig.seed < 2**31
+ZIP = "zip"  # parameters.zip: linked axes (several fields set together, point by point)
+EXPR = "expr"  # {expr: "…"}: a derived field (service.expressions)
+_DEFAULTS = TrialConfig().to_dict()
 MAX_TAGS, MAX_TAG_LENGTH = 100, 100
 MAX_ERRORS = 10  # field errors named in one message; the rest are counted
 
@@ -127,7 +131,10 @@ class SweepSpec(BaseModel):
     def _check_parameters(cls, v: Any) -> dict[str, Any]:
         if not isinstance(v, dict):
             raise InvalidInput("must be a mapping of TrialConfig fields", field="parameters")
-        return {str(k): _normalize_parameter(str(k), value) for k, value in v.items()}
+        return {
+            str(k): _normalize_zip(value) if k == ZIP else _normalize_parameter(str(k), value)
+            for k, value in v.items()
+        }
 
     @field_validator("search", mode="before")
     @classmethod
@@ -168,6 +175,7 @@ class SweepSpec(BaseModel):
                 "`search` (a list is a grid axis)",
                 field="search",
             )
+        _check_links(self)
         _check_epochs(self)
         return self
 
@@ -184,8 +192,24 @@ class SweepSpec(BaseModel):
 
     @property
     def axes(self) -> dict[str, list[Any]]:
-        """The grid axes (list-valued parameters), in the order they were written."""
-        return {k: v for k, v in self.parameters.items() if isinstance(v, list)}
+        """The grid axes (list-valued parameters), in the order they were written; linked axes
+        (`zip`) are `zips`."""
+        return {k: v for k, v in self.parameters.items() if k != ZIP and isinstance(v, list)}
+
+    @property
+    def zips(self) -> list[list[dict[str, Any]]]:
+        """The linked axes: each a list of points that set several fields together."""
+        return self.parameters.get(ZIP, [])
+
+    @property
+    def derived(self) -> dict[str, Expression]:
+        """The derived fields ({expr: …}), parsed, in the order they were written."""
+        return {k: _expression(k, v) for k, v in self.parameters.items() if _is_derived(v)}
+
+    @property
+    def grid_fields(self) -> list[str]:
+        """The fields a grid cell sets: the axes', then each linked axis's."""
+        return [*self.axes, *(f for group in self.zips for f in group[0])]
 
     @property
     def sampled(self) -> dict[str, Distribution]:
@@ -199,7 +223,7 @@ class SweepSpec(BaseModel):
         return {
             k: v
             for k, v in self.parameters.items()
-            if not isinstance(v, list) and not _is_sampled(k, v)
+            if k != ZIP and not isinstance(v, list) and not _is_sampled(k, v) and not _is_derived(v)
         }
 
     @property
@@ -211,7 +235,42 @@ class SweepSpec(BaseModel):
     def n_trials(self) -> int:
         """Axes' product × sampled points × seeds: the trials at most (`expand` drops points
         equal to others)."""
-        return math.prod(len(v) for v in self.axes.values()) * self.n_points * _n_seeds(self)
+        cells = math.prod(len(v) for v in [*self.axes.values(), *self.zips])
+        return cells * self.n_points * _n_seeds(self)
+
+    def cells(self) -> Iterable[dict[str, Any]]:
+        """Every grid cell's values (axes and linked axes), in expansion order: the axes as
+        written, then the linked axes, the last varying fastest."""
+        axes = self.axes
+        names = list(axes)
+        for values in itertools.product(*axes.values(), *self.zips):
+            point = dict(zip(names, values[: len(names)], strict=True))
+            for linked in values[len(names) :]:
+                point.update(linked)
+            yield point
+
+    def resolve(self, point: Mapping[str, Any]) -> dict[str, Any]:
+        """A trial's parameters: the fixed values, `point` (a cell, sampled values, the seed), and
+        the derived fields computed from them (a name not set reads TrialConfig's default).
+
+        Raises:
+            InvalidInput: a derived value cannot be computed (field `parameters.<name>`, with the
+                expression and the trial point).
+        """
+        out = {**self.fixed, **point}
+        derived = self.derived
+        if not derived:
+            return out
+        for name in expressions.evaluation_order(derived, where="parameters"):
+            values = {n: out.get(n, _DEFAULTS.get(n)) for n in derived[name].names}
+            try:
+                out[name] = _derived_value(name, derived[name].evaluate(values, where=""))
+            except InvalidInput as exc:
+                at = ", ".join(f"{k}={v!r}" for k, v in point.items())
+                raise InvalidInput(
+                    f"{exc.message} (in the trial with {at})", field=f"parameters.{name}"
+                ) from None
+        return out
 
 
 def _check_epochs(spec: SweepSpec) -> None:
@@ -219,8 +278,10 @@ def _check_epochs(spec: SweepSpec) -> None:
     per-layer metric's layer within every trial's depth."""
     low: dict[str, int] = {}
     for name in ("epochs", "depth"):
-        v = spec.parameters.get(name, getattr(TrialConfig(), name))
-        if isinstance(v, list):
+        v = _linked_values(spec, name) or spec.parameters.get(name, getattr(TrialConfig(), name))
+        if _is_derived(v):  # checked per trial when the spec is expanded (check_limits)
+            v = 10**9
+        elif isinstance(v, list):
             v = min(v)
         elif isinstance(v, dict):
             v = sampling.distribution_of(v)
@@ -251,6 +312,14 @@ def _check_epochs(spec: SweepSpec) -> None:
                 f"layer {search.layer} is deeper than some trial ({low['depth']} blocks)",
                 field="search.layer",
             )
+
+
+def _linked_values(spec: SweepSpec, name: str) -> list[Any] | None:
+    """The values a linked axis gives `name`, or None when no linked axis sets it."""
+    for group in spec.zips:
+        if name in group[0]:
+            return [p[name] for p in group]
+    return None
 
 
 def halving_rungs(spec: SweepSpec, epochs: int) -> list[int]:
@@ -313,6 +382,9 @@ def _normalize_parameter(name: str, value: Any) -> Any:
         raise InvalidInput("set seeds with the top-level `seeds` key", field=where)
     if name not in SWEPT_BY_SPEC:
         raise InvalidInput("unknown field", field=where, allowed=SWEPT_BY_SPEC)
+    if isinstance(value, dict) and set(value) == {EXPR} and name not in DOCUMENT_FIELDS:
+        parse_expression(value[EXPR], where=where)  # names are checked with the whole spec
+        return {EXPR: value[EXPR].strip()}
     if isinstance(value, dict) and name not in DOCUMENT_FIELDS:
         return sampling.parse_distribution(
             name,
@@ -446,21 +518,52 @@ def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialConfig]:
         )
     defaults = TrialConfig()
     sampled = spec.sampled
+    derived = spec.derived
     for name, setting in FIELD_LIMITS:
-        value = spec.parameters.get(name, getattr(defaults, name))
+        if name in derived:
+            continue  # checked on the expanded trials below
+        value = _linked_values(spec, name) or spec.parameters.get(name, getattr(defaults, name))
         if name in sampled:
             top = sampled[name].top
         else:
             top = max(value) if isinstance(value, list) else value
-        limit = getattr(settings, setting)
-        if top > limit:
-            raise LimitExceeded(
-                f"{top} is over the limit of {limit} (set by {_env_name(setting)})",
-                field=f"parameters.{name}",
-            )
+        _check_limit(name, setting, top, settings)
     trials = expand(spec)
-    _check_memory(trials or _corners(spec), settings)
+    corners = trials or _corners(spec)
+    for name, setting in FIELD_LIMITS:
+        if name in derived:
+            _check_limit(name, setting, max(getattr(t, name) for t in corners), settings)
+    if derived and (spec.early_stop is not None or spec.adaptive):
+        _check_epochs_of(spec, corners)
+    _check_memory(corners, settings)
     return trials
+
+
+def _check_limit(name: str, setting: str, top: Any, settings: Settings) -> None:
+    limit = getattr(settings, setting)
+    if top > limit:
+        raise LimitExceeded(
+            f"{top} is over the limit of {limit} (set by {_env_name(setting)})",
+            field=f"parameters.{name}",
+        )
+
+
+def _check_epochs_of(spec: SweepSpec, trials: list[TrialConfig]) -> None:
+    """_check_epochs where epochs or depth are derived: against the trials' own values."""
+    low = min(t.epochs for t in trials)
+    stop = spec.early_stop
+    if stop is not None and stop.grace_epochs > low:
+        raise InvalidInput(
+            f"the first rung (epoch {stop.grace_epochs}) is after the last epoch of some trial "
+            f"({low}): lower grace_epochs or raise epochs",
+            field="early_stop.grace_epochs",
+        )
+    search = spec.search
+    if isinstance(search, TpeSearch) and isinstance(search.epoch, int) and search.epoch > low:
+        raise InvalidInput(
+            f"epoch {search.epoch} is after the last epoch of some trial ({low})",
+            field="search.epoch",
+        )
 
 
 def _corners(spec: SweepSpec) -> list[TrialConfig]:
@@ -468,10 +571,9 @@ def _corners(spec: SweepSpec) -> list[TrialConfig]:
     check weighs (its trials are asked later)."""
     tops = {k: d.top for k, d in spec.sampled.items()}
     out = []
-    for values in itertools.product(*spec.axes.values()):
-        point = {**spec.fixed, **dict(zip(spec.axes, values, strict=True)), **tops}
+    for cell in spec.cells():
         try:
-            out.append(parse_trial_config(point))
+            out.append(parse_trial_config(spec.resolve({**cell, **tops})))
         except InvalidInput as exc:
             raise InvalidInput(exc.message, field="parameters") from None
     return out
@@ -509,15 +611,14 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
     if spec.adaptive:  # asked as the search goes (service/search/tpe.py)
         spec._expanded = []
         return []
-    axes = spec.axes
-    names = list(axes)
     search = spec.search
     draws = sampling.draw(spec.sampled, search) if isinstance(search, Search) else [{}]
     trials: dict[TrialConfig, None] = {}  # insertion-ordered set: the first of equal configs
-    for values in itertools.product(*axes.values(), draws, spec.seed_list):
-        point = {**dict(zip(names, values[:-2], strict=True)), **values[-2]}
+    for cell, draw, seed in itertools.product(spec.cells(), draws, spec.seed_list):
+        point = {**cell, **draw}
+        values = spec.resolve({**point, "seed": seed})  # its errors name the trial themselves
         try:
-            trials.setdefault(parse_trial_config({**spec.fixed, **point, "seed": values[-1]}))
+            trials.setdefault(parse_trial_config(values))
         except InvalidInput as exc:
             at = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise InvalidInput(
@@ -529,18 +630,134 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
 
 
 def swept_fields(spec: SweepSpec) -> list[str]:
-    """The config fields that vary across the sweep's trials: its axes and distribution
-    parameters, in the order they were written, then `seed`."""
-    return [*(k for k in spec.parameters if k in spec.axes or k in spec.sampled), "seed"]
+    """The config fields that vary across the sweep's trials: its axes, linked axes' fields,
+    distribution parameters and the derived fields that read any of them, in the order they were
+    written, then `seed`."""
+    return swept_fields_of(spec.parameters, parameters_only=True)
 
 
-def swept_fields_of(spec: Mapping[str, Any]) -> list[str]:
+def swept_fields_of(spec: Mapping[str, Any], *, parameters_only: bool = False) -> list[str]:
     """`swept_fields` of a stored spec (a validated SweepSpec's JSON dump, as the store keeps it)
     without validating it again: the keys of its parameters that are lists or distributions,
     then `seed`."""
-    parameters = spec.get("parameters") or {}
-    varying = [k for k, v in parameters.items() if isinstance(v, list) or _is_sampled(k, v)]
-    return [*varying, "seed"]
+    parameters = spec if parameters_only else spec.get("parameters") or {}
+    moving = {"seed"}
+    for k, v in parameters.items():
+        if k == ZIP:
+            moving |= {f for group in v for f in group[0]}
+        elif isinstance(v, list) or _is_sampled(k, v):
+            moving.add(k)
+    derived = {k: v for k, v in parameters.items() if _is_derived(v)}
+    changed = True
+    while changed:  # a derived field varies when it reads one that does
+        changed = False
+        for k, v in derived.items():
+            if k not in moving and _expression(k, v).names & moving:
+                moving.add(k)
+                changed = True
+    out: list[str] = []  # as written; linked fields where `zip` was written
+    for k in parameters:
+        if k == ZIP:
+            out += [f for group in parameters[k] for f in group[0]]
+        elif k in moving:
+            out.append(k)
+    return [*out, "seed"]
+
+
+def _is_derived(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {EXPR} and isinstance(value[EXPR], str)
+
+
+@cache
+def _parsed(text: str) -> Expression:
+    return parse_expression(text, where="")
+
+
+def _expression(name: str, value: Mapping[str, str]) -> Expression:
+    return _parsed(value[EXPR])
+
+
+def _derived_value(name: str, v: int | float) -> Any:
+    """A derived number as the field takes it: an integral float for an int field is that int
+    (sqrt(64) sets width = 8); any other value must pass the field's own validation."""
+    annotation = TrialConfig.model_fields[name].annotation
+    if annotation is int and isinstance(v, float):
+        if not v.is_integer():
+            raise InvalidInput(
+                f"{v} is not an integer; wrap the expression in round(…)", field=name
+            )
+        v = int(v)
+    return validate_field(name, v, where=name, strict=True)
+
+
+def _normalize_zip(value: Any) -> list[list[dict[str, Any]]]:
+    """parameters.zip: one linked axis (a list of mappings) or several (a list of such lists),
+    normalized to a list of groups; in a group every point sets the same fields."""
+    where = f"parameters.{ZIP}"
+    if not isinstance(value, list) or not value:
+        raise InvalidInput(
+            "linked axes are a list of points, e.g. [{width: 64, batch_size: 64}, {width: 128, "
+            "batch_size: 128}], or a list of such lists (one linked axis each)",
+            field=where,
+        )
+    groups = value if all(isinstance(g, list) for g in value) else [value]
+    out = []
+    for g, group in enumerate(groups):
+        at = f"{where}[{g}]" if len(groups) > 1 else where
+        if not group:
+            raise InvalidInput("a linked axis needs at least one point", field=at)
+        points = []
+        for i, point in enumerate(group):
+            if not isinstance(point, dict) or not point:
+                raise InvalidInput(
+                    "a point of a linked axis maps fields to values", field=f"{at}[{i}]"
+                )
+            if i and set(point) != set(group[0]):
+                raise InvalidInput(
+                    f"every point of a linked axis sets the same fields ({sorted(group[0])}); "
+                    f"this one sets {sorted(point)}",
+                    field=f"{at}[{i}]",
+                )
+            norm = {}
+            for k, v in point.items():
+                fat = f"{at}[{i}].{k}"
+                if k == "seed" or k == ZIP or str(k) not in SWEPT_BY_SPEC:
+                    raise InvalidInput("unknown field", field=fat, allowed=SWEPT_BY_SPEC)
+                if isinstance(v, list) or (isinstance(v, dict) and k not in DOCUMENT_FIELDS):
+                    raise InvalidInput("a linked axis sets one value per point", field=fat)
+                norm[str(k)] = validate_field(str(k), v, where=fat, strict=True)
+            points.append(norm)
+        if len({json.dumps(p, sort_keys=True) for p in points}) != len(points):
+            raise InvalidInput("a linked axis must not repeat a point", field=at)
+        out.append(points)
+    return out
+
+
+def _check_links(spec: SweepSpec) -> None:
+    """A field is set in one place only (a parameter, or one linked axis), and every derived
+    field reads known fields, none of them sampled by a tpe search, without a cycle."""
+    seen: dict[str, str] = {k: f"parameters.{k}" for k in spec.parameters if k != ZIP}
+    for g, group in enumerate(spec.zips):
+        for f in group[0]:
+            if f in seen:
+                raise InvalidInput(
+                    f"{f} is set twice: by {seen[f]} and by linked axis {g}",
+                    field=f"parameters.{ZIP}",
+                )
+            seen[f] = f"linked axis {g}"
+    derived = spec.derived
+    for name, expr in derived.items():
+        where = f"parameters.{name}"
+        for n in sorted(expr.names):
+            if n not in CONFIG_FIELDS:
+                hint = did_you_mean(n, CONFIG_FIELDS)
+                raise InvalidInput(
+                    f"{{expr: {expr.text!r}}} reads {n!r}, which is not a field{hint}",
+                    field=where,
+                )
+            if n == name:
+                raise InvalidInput(f"{{expr: {expr.text!r}}} reads itself", field=where)
+    expressions.evaluation_order(derived, where="parameters")
 
 
 def _is_sampled(name: str, value: Any) -> bool:

@@ -13,19 +13,21 @@ search"): a spec's `search: {kind: tpe, n, objective, mode, epoch, seed}`.
   each stored trial, in index order, is added to a fresh study (optuna.trial.create_trial +
   study.add_trial) finished as it is stored, or RUNNING when it is queued or running (it is
   told when it finishes). No second storage.
-- Each ask uses a TPESampler seeded from `search.seed` and the study's trial count, so what a
-  study asks next depends only on its trials so far: a resumed search asks what an uninterrupted
-  one would have, given the same outcomes.
+- Each ask uses a TPESampler seeded from `search.seed`, the study's identity (its cell key:
+  `study_seed`) and the study's trial count, so what a study asks next depends only on its
+  trials so far — a resumed search asks what an uninterrupted one would have, given the same
+  outcomes — and the studies of different cells and seeds start from different random points.
 
 Imports Optuna; the driver imports this module, the API never does.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -80,21 +82,26 @@ def cell_key(config: Mapping[str, Any], axes: list[str]) -> str:
 
 
 def cells(spec: Any) -> list[tuple[str, dict[str, Any]]]:
-    """(cell key, the cell's fixed values: spec.fixed, its axes' values, its seed) of every
-    grid cell × seed, in expansion order; cells whose configs normalize equal are one."""
-    import itertools
-
-    axes = spec.axes
-    names = list(axes)
+    """(cell key, the cell's values: its axes' and linked axes', and its seed) of every grid
+    cell × seed, in expansion order; cells whose configs normalize equal are one."""
+    names = spec.grid_fields
     out: dict[str, dict[str, Any]] = {}
-    for values in itertools.product(*axes.values(), spec.seed_list):
-        point = {**spec.fixed, **dict(zip(names, values[:-1], strict=True)), "seed": values[-1]}
-        try:
-            config = parse_trial_config(point).to_dict()
-        except InvalidInput:  # valid only with the sampled values: keyed as written
-            config = point
-        out.setdefault(cell_key(config, names), point)
+    for cell in spec.cells():
+        for seed in spec.seed_list:
+            point = {**cell, "seed": seed}
+            try:
+                config = parse_trial_config(spec.resolve(point)).to_dict()
+            except InvalidInput:  # valid only with the sampled values: keyed as written
+                config = {**spec.fixed, **point}
+            out.setdefault(cell_key(config, names), point)
     return list(out.items())
+
+
+def study_seed(search_seed: int, key: str) -> int:
+    """A study's own sampler seed: the search's seed mixed with the study's identity (its cell
+    key), so that the studies of different cells and seeds draw different start-up points."""
+    digest = hashlib.sha256(f"{search_seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 @dataclass
@@ -125,6 +132,7 @@ class Studies:
     distributions: dict[str, sampling.Distribution]
     studies: dict[str, Study]
     axes: list[str]
+    resolve: Callable[[Mapping[str, Any]], dict[str, Any]]  # SweepSpec.resolve: a trial's fields
     pending: dict[int, tuple[str, int]] = field(default_factory=dict)  # trial id → (cell, number)
     unwritten: list[Asked] = field(default_factory=list)  # asked, the store write failed
 
@@ -135,12 +143,12 @@ class Studies:
         search = spec.search
         assert isinstance(search, TpeSearch)
         dists = spec.sampled
-        axes = list(spec.axes)
+        axes = spec.grid_fields
         studies = {
             key: Study(key, base, optuna.create_study(direction=_direction(search.mode)))
             for key, base in cells(spec)
         }
-        out = cls(search, dists, studies, axes)
+        out = cls(search, dists, studies, axes, spec.resolve)
         odists = {k: optuna_distribution(d) for k, d in dists.items()}
         for t in sorted(stored, key=lambda t: t.index):
             st = studies.get(cell_key(t.config, axes))
@@ -200,13 +208,13 @@ class Studies:
     def _ask(self, st: Study) -> Asked | None:
         k = len(st.study.trials)
         st.study.sampler = optuna.samplers.TPESampler(
-            seed=(self.search.seed + k * SEED_STEP) % 2**32
+            seed=(study_seed(self.search.seed, st.key) + k * SEED_STEP) % 2**32
         )
         fixed = {k: optuna_distribution(d) for k, d in self.distributions.items()}
         trial = st.study.ask(fixed)
         point = {k: _from_choice(self.distributions[k], v) for k, v in trial.params.items()}
         try:
-            config = parse_trial_config({**st.base, **point})
+            config = parse_trial_config(self.resolve({**st.base, **point}))
         except InvalidInput as exc:
             st.study.tell(trial.number, state=TrialState.FAIL)
             st.invalid += 1
