@@ -23,12 +23,10 @@ pure function of (params, state, x) like every family's.
   submodule (a tuple output is measured at its first element), copied when captured so that a
   later in-place operation cannot change it; one kind, "output", which is also `Taps.outputs`
   (rms, mean_cosine). A tap's sample Gram is of its output reshaped (n, −1).
-- Structure: the module is opaque, so each tap is treated as the output of a non-linear map:
-  rank ≤ min(n, features), refined by its zero rows and columns. The gap is +∞ only where those
-  force rank < n. A purely linear registered network whose rank is lost in an earlier, narrower
-  layer (64 → 4 → 32 features at n = 16: rank 4 at the second tap, +∞ for the theory) reads a
-  large finite gap there instead (about 26 in float32, 55 in float64: rounding-level
-  eigenvalues; tests/workers/test_model_registered.py).
+- Structure: derived from the module's layers (workers/models/module_structure.py: an fx trace,
+  the built-in families' rules per torch.nn layer, declarations for what tracing cannot see),
+  then refined by each tap's zero rows and columns; a tap it cannot follow is marked unknown
+  (`Structure.known`), rank ≤ min(n, features), its error bar at the forward's precision.
 - Weights: `layer_weights()` lists, per tap, the parameters with two or more axes inside that
   submodule (recursively, in `named_parameters` order); the first one's weight_isometry_gap is
   recorded (a kernel reshaped (out, −1)), the gradient norm is over all of them. A tap without
@@ -55,6 +53,8 @@ from service.config import DATASET_SHAPES, TrialConfig
 from service.errors import InvalidInput, IsosweepError
 from service.models import RegisteredModel, get_registered
 from workers.models.base import Fit, Mode, Params, State, Taps
+from workers.models.module_structure import ModuleGraph
+from workers.structure import Structure
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 TEMPLATE_SEED = 0  # the template module's build (its buffers are init_state's)
@@ -78,6 +78,7 @@ class RegisteredNet:
     tap_names: tuple[str, ...] = field(init=False)
     head_weight: str = field(init=False)
     _layer_weights: tuple[tuple[str, ...], ...] = field(init=False, repr=False)
+    _graph: ModuleGraph = field(init=False, repr=False)
 
     kinds = ("output",)
 
@@ -92,6 +93,7 @@ class RegisteredNet:
         object.__setattr__(self, "head_weight", self._head())
         object.__setattr__(self, "_layer_weights", self._tap_weights(names))
         self._dry_run()
+        object.__setattr__(self, "_graph", ModuleGraph.of(module, list(self.tap_names), self.d_in))
 
     # --- shapes ---------------------------------------------------------------------------
 
@@ -290,14 +292,21 @@ class RegisteredNet:
         return out, Taps({"output": outs}, outs)
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
-        from workers.structure import Structure
-
+        """Each tap's Structure as the module's layers force it (`ModuleGraph`, for p's
+        values: a zero bias counts as none); a tap tracing could not follow: unknown, rank
+        only min(n, features). Either refined by the tap's zero rows and columns."""
         n = x.shape[0]
-        return {
-            "output": [
-                fit(Structure(False, min(n, h[0].numel())), h) for h in taps.layers["output"]
-            ]
-        }
+        traced = self._graph.structures(p, x)
+        out = []
+        for name, h in zip(self.tap_names, taps.layers["output"], strict=True):
+            f = h[0].numel()
+            s = traced.get(name, Structure(False, min(n, f), known=False))
+            out.append(fit(Structure(s.ones_in_null, min(s.rank, n, f), s.known), h))
+        return {"output": out}
+
+    def structure_known(self) -> list[bool]:
+        """Per tap, whether tracing followed it (its structure is derived, not unknown)."""
+        return [t in self._graph.of_tap for t in self.tap_names]
 
     def layer_weights(self) -> list[list[str]]:
         return [list(ws) for ws in self._layer_weights]

@@ -1,0 +1,243 @@
+"""A registered module's structure (workers/models/module_structure.py, docs/models.md): each
+tap's structural rank follows from the module's torch.nn layers, so an exactly singular Gram
+reads +∞ — LayerNorm at n ≥ d, BatchNorm1d at init (centred over the batch), a residual add of
+two centred branches — while a regular block stays finite; a module tracing cannot see is
+followed where it declares its structure, and is marked unknown where it does not.
+
+Each case is checked against the truth by construction (the layers' algebra) and by the float64
+singular values of the tap (σ_min/σ_max ≈ 1e-16 for a singular Gram; ≫ 1e-10 for a regular
+one). On the code before the structure tracer (every tap treated as a non-linear map's output),
+the singular cases read finite gaps (the issue: 3.64–5.87 for LayerNorm, 2.55–4.04 BatchNorm).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn as tnn
+
+from service import models
+from service.config import TrialConfig
+from service.isometry import gap_from_eigenvalues
+from workers.metrics import probe_metrics
+from workers.models import build
+
+D_IN, CLASSES = 64, 10  # digits
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    monkeypatch.setattr(models, "_REGISTRY", {})
+    monkeypatch.setattr(models, "_loaded", True)
+    return models
+
+
+class Blocks(tnn.Module):
+    """stem → blocks.{i} → head, the blocks given."""
+
+    def __init__(self, d: int, blocks: list[tnn.Module]) -> None:
+        super().__init__()
+        self.stem = tnn.Linear(D_IN, d)
+        self.blocks = tnn.ModuleList(blocks)
+        self.head = tnn.Linear(d, CLASSES)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+class Residual(tnn.Module):
+    """x ↦ f(x) + g(x)."""
+
+    def __init__(self, f: tnn.Module, g: tnn.Module) -> None:
+        super().__init__()
+        self.f, self.g = f, g
+
+    def forward(self, x):
+        return self.f(x) + self.g(x)
+
+
+def measure(registry, make_blocks, *, n: int, d: int, depth: int = 2, seed: int = 0):
+    """probe_metrics of Blocks(d, make_blocks(d, depth)) on n float64 samples, and its taps."""
+    name = f"m{len(registry._REGISTRY)}"
+    registry.register_model(name, lambda params, **kw: Blocks(d, make_blocks(d, depth)))
+    cfg = TrialConfig(
+        model=name, dataset="digits", depth=depth, width=d, batch_size=n, dtype="float64"
+    )
+    net = build(cfg)
+    p = net.init_params(torch.Generator().manual_seed(seed))
+    x = torch.randn(n, D_IN, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    rec = probe_metrics(net, p, net.init_state(), x, torch.arange(n) % CLASSES)
+    _, taps = net.forward(p, net.init_state(), x, "batch", taps=True)
+    return net, rec, [t.detach().reshape(n, -1) for t in taps.layers["output"]]
+
+
+def sigma_ratio(H: torch.Tensor) -> float:
+    s = torch.linalg.svdvals(H)
+    return float(s[-1] / s[0]) if H.shape[0] <= H.shape[1] else 0.0
+
+
+def ln_block(d: int, depth: int) -> list[tnn.Module]:
+    return [tnn.Sequential(tnn.Linear(d, 2 * d), tnn.ReLU(), tnn.Linear(2 * d, d), tnn.LayerNorm(d))
+            for _ in range(depth)]  # fmt: skip
+
+
+def bn_block(d: int, depth: int) -> list[tnn.Module]:
+    return [tnn.Sequential(tnn.Linear(d, d), tnn.Tanh(), tnn.Linear(d, d), tnn.BatchNorm1d(d))
+            for _ in range(depth)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("n", "d"), [(24, 24), (40, 24)])
+def test_layernorm_at_batch_at_least_width_is_infinite(registry, n, d):
+    """LayerNorm centres each sample over its d features: rank ≤ d − 1 < n (β = 0 at init)."""
+    _, rec, taps = measure(registry, ln_block, n=n, d=d)
+    assert all(sigma_ratio(h) < 1e-12 for h in taps)  # the truth: exactly singular
+    assert (rec["isometry_gap/output"] == math.inf).all()
+    # the range gap is the gap of the d − 1 non-zero eigenvalues
+    for h, r in zip(taps, rec["range_isometry_gap/output"], strict=True):
+        lam = torch.linalg.svdvals(h).square()[: d - 1].numpy()
+        assert r == pytest.approx(gap_from_eigenvalues(lam), rel=1e-9)
+
+
+def test_layernorm_below_the_width_is_finite(registry):
+    """n = 16 < d − 1 = 31: nothing forces rank < n; the gap is the SVD's."""
+    _, rec, taps = measure(registry, ln_block, n=16, d=32)
+    assert all(sigma_ratio(h) > 1e-8 for h in taps)
+    for h, g in zip(taps, rec["isometry_gap/output"], strict=True):
+        want = gap_from_eigenvalues(torch.linalg.svdvals(h).square().numpy())
+        assert math.isfinite(g) and g == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize(("n", "d"), [(8, 32), (24, 24), (40, 24)])
+def test_batchnorm1d_at_init_is_infinite_at_every_batch_size(registry, n, d):
+    """β = 0: every feature is centred over the batch, 1ᵀH = 0, so G·1 = 0 — at n < d too;
+    the range gap is on 1⊥."""
+    _, rec, taps = measure(registry, bn_block, n=n, d=d)
+    for h in taps:
+        assert float(h.sum(dim=0).abs().max()) < 1e-12 * float(h.abs().max()) * n
+    assert (rec["isometry_gap/output"] == math.inf).all()
+    assert np.isfinite(rec["range_isometry_gap/output"]).all()
+
+
+def test_batchnorm_with_a_nonzero_shift_is_regular(registry):
+    """β ≠ 0 adds 1βᵀ: 1 leaves the null space (n < d: regular, finite). The values decide."""
+
+    def blocks(d, depth):
+        out = bn_block(d, depth)
+        for b in out:
+            tnn.init.constant_(b[3].bias, 0.5)
+        return out
+
+    _, rec, taps = measure(registry, blocks, n=8, d=32)
+    assert all(sigma_ratio(h) > 1e-8 for h in taps)
+    assert np.isfinite(rec["isometry_gap/output"]).all()
+
+
+def test_a_residual_add_of_two_centred_branches_is_infinite(registry):
+    """BN(Linear x) + BN(Linear x), β = 0: 1 is in both branches' null space, so in the sum's
+    (n = 8 < d = 32: nothing else forces it); with one branch shifted (a bias after its BN),
+    the sum is regular."""
+
+    def centred(d, depth):
+        return [Residual(tnn.Sequential(tnn.Linear(d, d), tnn.BatchNorm1d(d)),
+                         tnn.Sequential(tnn.Linear(d, d), tnn.BatchNorm1d(d)))
+                for _ in range(depth)]  # fmt: skip
+
+    def shifted(d, depth):
+        out = centred(d, depth)
+        for r in out:
+            tnn.init.constant_(r.g[1].bias, 0.3)
+        return out
+
+    _, rec, taps = measure(registry, centred, n=8, d=32)
+    assert all(float(h.sum(dim=0).abs().max()) < 1e-10 for h in taps)
+    assert (rec["isometry_gap/output"] == math.inf).all()
+    _, rec, taps = measure(registry, shifted, n=8, d=32)
+    assert all(sigma_ratio(h) > 1e-8 for h in taps)
+    assert np.isfinite(rec["isometry_gap/output"]).all()
+
+
+def test_a_residual_add_of_two_low_rank_branches_adds_their_ranks(registry):
+    """f = Linear(d → 3 → d), g = Linear(d → 4 → d), no biases: rank ≤ 3 + 4 = 7 < n = 12
+    (+∞); at n = 6 ≤ 7, regular."""
+
+    def low(d, depth):
+        def thin(k):
+            return tnn.Sequential(tnn.Linear(d, k, bias=False), tnn.Linear(k, d, bias=False))
+
+        return [Residual(thin(3), thin(4)) for _ in range(depth)]
+
+    _, rec, taps = measure(registry, low, n=12, d=32)
+    assert all(int(torch.linalg.matrix_rank(h)) == 7 for h in taps)
+    assert (rec["isometry_gap/output"] == math.inf).all()
+    _, rec, _ = measure(registry, low, n=6, d=32)
+    assert np.isfinite(rec["isometry_gap/output"]).all()
+
+
+def test_a_regular_block_stays_finite(registry):
+    """Linear → GELU → Linear (biases) at n < d, and a zero bias counts as none: finite, equal
+    to the SVD's gap."""
+
+    def plain(d, depth):
+        return [tnn.Sequential(tnn.Linear(d, d), tnn.GELU(), tnn.Linear(d, d))
+                for _ in range(depth)]  # fmt: skip
+
+    net, rec, taps = measure(registry, plain, n=16, d=32)
+    assert all(net.structure_known())
+    for h, g in zip(taps, rec["isometry_gap/output"], strict=True):
+        want = gap_from_eigenvalues(torch.linalg.svdvals(h).square().numpy())
+        assert g == pytest.approx(want, rel=1e-9)
+
+
+class Opaque(tnn.Module):
+    """A block fx cannot trace (Python control flow on a value): LayerNorm's output, scaled."""
+
+    def __init__(self, d: int, declare: bool) -> None:
+        super().__init__()
+        self.norm = tnn.LayerNorm(d)
+        if declare:  # LayerNorm's own rule: rank ≤ d − 1, 1 not in the null space
+            self.isosweep_structure = lambda n, f: (False, f - 1)
+
+    def forward(self, x):
+        h = self.norm(x)
+        if float(h.abs().max()) > 0:  # data-dependent: symbolic tracing fails here
+            h = 2.0 * h
+        return h
+
+
+@pytest.mark.parametrize("declare", [True, False])
+def test_a_declared_structure_where_tracing_cannot_see(registry, declare):
+    """Declared: +∞ at n = d as LayerNorm forces. Undeclared: the tap is traced on its own
+    (fails too), so its structure is unknown — the record says so and the gap, if finite, is
+    never given as resolved (its error bar: test_gap_error.py)."""
+    net, rec, taps = measure(registry, lambda d, depth: [Opaque(d, declare) for _ in range(depth)],
+                             n=16, d=16)  # fmt: skip
+    assert all(sigma_ratio(h) < 1e-12 for h in taps)
+    assert net.structure_known() == [declare] * 2
+    if declare:
+        assert (rec["isometry_gap/output"] == math.inf).all()
+
+
+def test_the_shipped_example_at_its_default_is_infinite(registry, monkeypatch):
+    """The issue's reproduction: wide_mlp, width = batch = 24 (LayerNorm closes each block)."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(
+        str(Path(__file__).resolve().parents[2] / "examples/registered_model")
+    )
+    monkeypatch.delitem(sys.modules, "wide_mlp", raising=False)
+    import wide_mlp  # noqa: F401  (registers "wide_mlp")
+
+    cfg = TrialConfig(model="wide_mlp", dataset="digits", width=24, batch_size=24, depth=2)
+    net = build(cfg)
+    p = net.init_params(torch.Generator().manual_seed(0))
+    x = torch.randn(24, D_IN, generator=torch.Generator().manual_seed(1))
+    rec = probe_metrics(net, p, net.init_state(), x, torch.arange(24) % CLASSES)
+    assert (rec["isometry_gap/output"] == math.inf).all()
+    sys.modules.pop("wide_mlp", None)
