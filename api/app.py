@@ -30,16 +30,17 @@ from api.errors import install_error_handlers
 from api.guards import (
     MUTATING,
     BodyLimit,
+    ContentLength,
     HostCheck,
     MediaType,
     SameOrigin,
     TokenAuth,
     open_path,
 )
+from api.openapi import finish, operation_id
 from api.routes import api_router
 from api.routes.health import SupervisedRunner
 from api.schemas import NonFiniteJSONResponse
-from api.spec_body import spec_components
 from service import __version__, models
 from service.settings import Settings, get_settings
 from service.store import Store
@@ -85,6 +86,7 @@ def create_app(
         default_response_class=NonFiniteJSONResponse,
         docs_url=None,  # served below from vendored Swagger UI files: /docs works offline
         redoc_url=None,
+        generate_unique_id_function=operation_id,  # operationId = the handler's name
     )
     app.state.settings = settings
     app.state.store = store
@@ -99,6 +101,7 @@ def create_app(
     app.add_middleware(MediaType)
     app.add_middleware(TokenAuth, token=settings.api_token, open_reads=settings.open_reads)
     app.add_middleware(SameOrigin)
+    app.add_middleware(ContentLength)
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
@@ -124,14 +127,15 @@ def _offline_docs(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
-    """FastAPI's document, plus the SweepSpec body schema and, with a token, bearer security
-    on every operation that needs it (mutating ones; reads too unless reads are open)."""
+    """FastAPI's document, plus the components of api.openapi (the SweepSpec body, metric rows)
+    and, with a token, bearer security on every operation that needs it (mutating ones; reads
+    too unless reads are open)."""
     if app.openapi_schema:
         return app.openapi_schema
     doc = get_openapi(
         title=app.title, version=app.version, description=app.description, routes=app.routes
     )
-    doc.setdefault("components", {}).setdefault("schemas", {}).update(spec_components())
+    finish(doc)
     if settings.api_token:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, ops in doc["paths"].items():

@@ -15,13 +15,22 @@ from pydantic import BaseModel, Field, PlainSerializer, WithJsonSchema
 from starlette.responses import JSONResponse
 
 from service import jsonfmt
+from service.config import METRICS
 from service.store.models import SWEEP_STATUSES, TRIAL_STATUSES
 from service.store.schemas import SweepInfo, TrialInfo
 
 # A float that may be NaN or ±inf: a JSON number when finite, else one of three strings.
 NONFINITE_SPELLINGS = tuple(jsonfmt.NONFINITE)  # "NaN", "Infinity", "-Infinity"
+NONFINITE_SCHEMA = {
+    "type": "string",
+    "enum": list(NONFINITE_SPELLINGS),
+    "title": "NonFinite",
+    "description": "a float that is NaN, +inf or −inf, as JSON spells it here",
+}
+# the document holds NONFINITE_SCHEMA as a component of its own (api.openapi.finish): one enum
+# for a generated client, not one per field
 REAL_SCHEMA = {
-    "anyOf": [{"type": "number"}, {"type": "string", "enum": list(NONFINITE_SPELLINGS)}],
+    "anyOf": [{"type": "number"}, {"$ref": "#/components/schemas/NonFinite"}],
     "description": 'a number; NaN and ±inf are the strings "NaN", "Infinity", "-Infinity"',
 }
 Real = Annotated[
@@ -103,15 +112,45 @@ class TrialsPublic(BaseModel):
 
 # --- metrics --------------------------------------------------------------------------------
 
+# A row's other cells (the swept config fields, `model_params.*`, …): JSON of any kind, a float
+# NaN/±inf spelled as everywhere.
 CELL_SCHEMA = {
     "anyOf": [
-        {"type": "number"},
+        REAL_SCHEMA,
         {"type": "string"},
         {"type": "boolean"},
         {"type": "null"},
+        {"type": "object"},
+        {"type": "array", "items": {}},
     ]
 }
-Cell = Annotated[Any, WithJsonSchema(CELL_SCHEMA)]
+INT_SCHEMA = {"type": "integer"}
+METRIC_ROW_SCHEMA = {
+    "type": "object",
+    "title": "MetricRow",
+    "description": "One tidy row: trial_id, the sweep's swept config fields, epoch, metric, layer "
+    "(null for a scalar metric) and value; pooled over seeds (aggregate=true), mean, std, ci95, "
+    "count and n_finite instead of trial_id, seed and value; compared, sweep_id and sweep (its "
+    "label). Which keys a row has depends on the sweep and the query: `columns` lists them.",
+    "properties": {
+        "trial_id": INT_SCHEMA,
+        "sweep_id": INT_SCHEMA,
+        "sweep": {"type": "string", "description": "the sweep's label (compare routes)"},
+        "seed": INT_SCHEMA,
+        "epoch": INT_SCHEMA,
+        "metric": {"type": "string", "enum": list(METRICS)},
+        "layer": {"anyOf": [INT_SCHEMA, {"type": "null"}], "description": "ℓ ≥ 1; null: scalar"},
+        "value": REAL_SCHEMA,
+        "mean": REAL_SCHEMA,
+        "std": REAL_SCHEMA,
+        "ci95": REAL_SCHEMA,
+        "count": {**INT_SCHEMA, "description": "seeds pooled"},
+        "n_finite": {**INT_SCHEMA, "description": "of them, finite values"},
+    },
+    "additionalProperties": CELL_SCHEMA,
+}
+# in the document as a component of its own (api.openapi.finish)
+MetricRow = Annotated[dict[str, Any], WithJsonSchema({"$ref": "#/components/schemas/MetricRow"})]
 
 
 class MetricsPublic(BaseModel):
@@ -120,7 +159,7 @@ class MetricsPublic(BaseModel):
     instead of trial_id, seed and value. NaN/±inf are the strings "NaN", "Infinity",
     "-Infinity"."""
 
-    data: list[dict[str, Cell]]
+    data: list[MetricRow]
     count: int = Field(description="rows matching in all (the page holds at most `limit`)")
     columns: list[str] = Field(description="the row keys, in order")
 

@@ -1,5 +1,6 @@
 """The body of `POST /sweeps`: a SweepSpec as JSON, or as YAML text. Read by hand (not by a
-FastAPI body model) so that both media types work and every error names the spec's own field.
+FastAPI body model) so that both media types work and every error names the spec's own field;
+the document declares both (api.openapi.SPEC_BODY).
 """
 
 from __future__ import annotations
@@ -9,51 +10,11 @@ from typing import Any
 
 from fastapi import Request
 
-from service.config import TrialConfig
 from service.documents import load_json
 from service.errors import InvalidInput
-from service.spec import SWEPT_BY_SPEC, SweepSpec, max_nodes
+from service.spec import max_nodes
 
 YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
-
-
-def _spec_schema() -> dict[str, Any]:
-    """SweepSpec's JSON schema with `parameters` spelled out: each TrialConfig field (but seed)
-    takes a value or a non-empty list of values (a sweep axis)."""
-    spec = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    spec.pop("$defs", None)
-    fields = TrialConfig.model_json_schema()["properties"]
-    params = {}
-    for name in SWEPT_BY_SPEC:
-        one = {k: v for k, v in fields[name].items() if k not in ("default", "title")}
-        params[name] = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
-    spec["properties"]["parameters"] = {
-        "type": "object",
-        "properties": params,
-        "additionalProperties": False,
-        "description": "TrialConfig fields: a list is a sweep axis, a scalar is fixed",
-    }
-    spec["properties"]["seeds"]["description"] = "a count n (seeds 0..n−1) or distinct seeds"
-    return spec
-
-
-def spec_components() -> dict[str, Any]:
-    """Schemas to add to the OpenAPI components: SweepSpec and what it refers to."""
-    defs = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")["$defs"]
-    return {"SweepSpec": _spec_schema(), **defs}
-
-
-SPEC_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
-            "application/yaml": {
-                "schema": {"type": "string", "description": "the SweepSpec as YAML text"}
-            },
-        },
-    }
-}
 
 
 async def read_spec(request: Request) -> dict[str, Any] | str:

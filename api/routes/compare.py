@@ -25,6 +25,7 @@ from api.routes.deps import (
     CacheDep,
     ConfigFilters,
     EpochQuery,
+    EpochText,
     MetricName,
     Offset,
     StoreDep,
@@ -144,7 +145,7 @@ async def compare_plot(
     group_by: Annotated[
         str | None, Query(description="one line per value of (default: sweep)")
     ] = None,
-    epoch: Annotated[str | None, Query(description="a recorded epoch, or `last`")] = None,
+    epoch: Annotated[EpochText | None, Query(description="a recorded epoch, or `last`")] = None,
     layer: Annotated[
         int | None,
         Query(ge=-INT32_MAX, le=INT32_MAX, description="layer ℓ ≥ 1, or −k: k-th from the end"),

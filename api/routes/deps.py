@@ -9,11 +9,12 @@ from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.dependencies.utils import get_flat_params
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from api.cache import SingleFlightCache
 from service.config import FILTER_FIELDS, METRICS, TrialConfig
 from service.errors import InvalidInput, StorageError
+from service.param_columns import param_of
 from service.settings import Settings
 from service.store import Store
 
@@ -65,6 +66,8 @@ def reject_unknown_query(request: Request) -> None:
         known = frozenset(p.alias for p in params if _is_query(p))
         route.isosweep_query_names = known  # type: ignore[union-attr]
     unknown = sorted(set(request.query_params) - known)
+    if "depth" in known:  # a route with config filters also takes model_params.<name> ones
+        unknown = [k for k in unknown if param_of(k) is None]
     if unknown:
         raise InvalidInput(
             "unknown query parameter" + (f"s {', '.join(unknown)}" if len(unknown) > 1 else ""),
@@ -107,14 +110,23 @@ def _filter_parameter(name: str) -> inspect.Parameter:
     )
 
 
-def _collect_filters(**given: Any) -> dict[str, list[Any]]:
+def _collect_filters(request: Request, **given: Any) -> dict[str, list[Any]]:
     """Config field → accepted values, each already validated by FastAPI against the field's
-    type and constraints (the store validates `where` again)."""
-    return {k: v for k, v in given.items() if v is not None}
+    type and constraints (the store validates `where` again); and each `model_params.<name>`
+    query parameter → its values as text, validated by the store against the registered
+    model's parameter (service.models.validate_param)."""
+    filters = {k: v for k, v in given.items() if v is not None}
+    for key in request.query_params:
+        if param_of(key) is not None:
+            filters[key] = request.query_params.getlist(key)
+    return filters
 
 
 _collect_filters.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [_filter_parameter(name) for name in FILTER_FIELDS]
+    [
+        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+        *(_filter_parameter(name) for name in FILTER_FIELDS),
+    ]
 )
 
 ConfigFilters = Annotated[dict[str, list[Any]], Depends(_collect_filters)]
@@ -122,8 +134,17 @@ ConfigFilters = Annotated[dict[str, list[Any]], Depends(_collect_filters)]
 
 # --- epochs -----------------------------------------------------------------------------------
 
+# An epoch parameter is read as text (parse_epoch: its own 422 naming `epoch`) and typed in the
+# document as what it accepts: an epoch number, or `last`.
+EPOCH_SCHEMA = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
+        {"type": "string", "const": "last"},
+    ]
+}
+EpochText = Annotated[str, WithJsonSchema(EPOCH_SCHEMA)]
 EpochQuery = Annotated[
-    list[str] | None,
+    list[EpochText] | None,
     Query(description="recorded epochs (repeatable), or `last`: each trial's highest epoch"),
 ]
 

@@ -21,6 +21,7 @@ from api.routes.deps import (
     INT32_MAX,
     CacheDep,
     ConfigFilters,
+    EpochText,
     MetricName,
     StoreDep,
     SweepId,
@@ -96,7 +97,7 @@ async def read_plot(
         str | None, Query(description="the x axis: a config field, epoch or layer")
     ] = None,
     group_by: Annotated[str | None, Query(description="one line (or row) per value of")] = None,
-    epoch: Annotated[str | None, Query(description="a recorded epoch, or `last`")] = None,
+    epoch: Annotated[EpochText | None, Query(description="a recorded epoch, or `last`")] = None,
     layer: Annotated[
         int | None,
         Query(ge=-INT32_MAX, le=INT32_MAX, description="layer ℓ ≥ 1, or −k: k-th from the end"),

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from api.errors import ERROR_RESPONSES
 from api.limits import HeavyReads, get_heavy_reads
-from api.routes.deps import INT32_MAX, CacheDep, StoreDep, TrialId, parse_epoch
+from api.routes.deps import INT32_MAX, CacheDep, EpochText, StoreDep, TrialId, parse_epoch
 from api.routes.plots import IMAGE_RESPONSES
 from api.schemas import Real
 from service import jsonfmt
@@ -43,7 +43,7 @@ Name = Annotated[
         json_schema_extra={"enum": list(SPECTRUM_KEYS)},
     ),
 ]
-Epoch = Annotated[str | None, Query(description="a stored epoch, or `last` (default: all)")]
+Epoch = Annotated[EpochText | None, Query(description="a stored epoch, or `last` (default: all)")]
 
 
 class SpectrumPublic(BaseModel):
@@ -108,7 +108,9 @@ async def read_spectrum_plot(
     cache: CacheDep,
     heavy: Annotated[HeavyReads, Depends(get_heavy_reads)],
     name: Name = None,
-    epoch: Annotated[str | None, Query(description="a stored epoch, or `last` (default)")] = None,
+    epoch: Annotated[
+        EpochText | None, Query(description="a stored epoch, or `last` (default)")
+    ] = None,
     layer: Annotated[
         list[Annotated[int, Field(ge=1, le=INT32_MAX)]] | None,
         Query(description="spectrum: the layers drawn (repeatable; default up to 6)"),

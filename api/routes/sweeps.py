@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from api.errors import ERROR_RESPONSES, WRITE_RESPONSES
+from api.openapi import SPEC_BODY
 from api.routes.deps import (
     ConfigFilters,
     Offset,
@@ -25,7 +26,7 @@ from api.schemas import (
     TrialsPublic,
     TrialStatus,
 )
-from api.spec_body import SPEC_BODY, read_spec
+from api.spec_body import read_spec
 from service.search.best import best_trial
 from service.settings import Settings
 from service.spec import parse_spec
