@@ -13,16 +13,18 @@ strings "NaN", "Infinity", "-Infinity" (service.jsonfmt); every numeric column o
 DataFrame holds them as floats again. An error answer raises ApiError with the server's type,
 message, field and allowed values; a server that cannot be reached raises ApiUnreachable.
 
-The `isosweep` CLI's REST commands (api/cli/client.py) share the URL, token, spec-reading and
-error-message pieces below. httpx and pandas are imported when first needed, so importing this
-module (and the CLI) stays light.
+The `isosweep` CLI's REST commands (api/cli/client.py) are a layer over this Client: the URL,
+the token, error answers, paging (`read_rows`), downloads and the event stream live here once.
+httpx and pandas are imported when first needed, so importing this module (and the CLI) stays
+light.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +104,7 @@ class ApiError(ClientError):
         )
 
 
-# --- what the CLI shares ----------------------------------------------------------------------
+# --- pieces -----------------------------------------------------------------------------------
 
 
 def base_url(url: str | None = None) -> str:
@@ -225,6 +227,57 @@ def _params(where: Mapping[str, Any] | None = None, **given: Any) -> list[tuple[
     return items
 
 
+def read_rows(
+    json: Callable[..., Any],
+    path: str,
+    params: Mapping[str, Any] | list[tuple[str, Any]],
+    size: int,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """Every row of a paged route ({data, count[, columns]}), or its first `limit`, `size` rows
+    a request; the answer's shape with `data` all the rows read. `json(method, path,
+    params=…)` makes one request (Client.json). A server whose page limit is below `size`
+    (ISOSWEEP_MAX_PAGE_SIZE) refuses it naming `limit`, and the size is halved; a count that
+    changes between pages (a running sweep's new rows) starts again, twice.
+
+    Raises:
+        ClientError: the count changed during all three reads.
+    """
+    for _ in range(3):
+        rows: list[dict[str, Any]] = []
+        count: int | None = None
+        while True:
+            want = size if limit is None else min(size, limit - len(rows))
+            page, took = _page(json, path, params, len(rows), want)
+            size = took if took < want else size
+            if count is not None and page["count"] != count:
+                break
+            count = page["count"]
+            rows += page["data"]
+            full = len(rows) >= count or (limit is not None and len(rows) >= limit)
+            if full or not page["data"]:
+                return {**page, "data": rows}
+    raise ClientError(
+        f"the rows of {path} changed during every read (a running sweep): read again, "
+        "or narrow the query (e.g. epoch=0)"
+    )
+
+
+def _page(json: Callable[..., Any], path: str, params: Any, offset: int, size: int) -> tuple:
+    """One page and the page size that worked (halved while the server refuses `limit`)."""
+    while True:
+        if isinstance(params, Mapping):
+            query: Any = {**params, "offset": offset, "limit": size}
+        else:
+            query = [*params, ("offset", offset), ("limit", size)]
+        try:
+            return json("GET", path, params=query), size
+        except ApiError as exc:
+            if exc.field != "limit" or size <= 1:
+                raise
+            size //= 2
+
+
 def sse_events(lines: Iterable[str]) -> Iterable[tuple[str, Any]]:
     """(event, data) of a server-sent-events stream's lines (GET /sweeps/{id}/events): the
     `event:` name (default "message") and its `data:` lines joined and read as JSON (the API's
@@ -268,6 +321,8 @@ class Client:
         timeout: seconds per request.
     """
 
+    url_hint = "Client(url=…) or ISOSWEEP_API_URL"  # an unreachable server's error says so
+
     def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = 60.0):
         import httpx
 
@@ -290,57 +345,64 @@ class Client:
 
     # --- requests
 
-    def request(self, method: str, path: str, *, ok: Iterable[int] = (), **kw: Any):
-        """One request under /api/v1; an answer ≥ 400 (other than `ok`) raises ApiError."""
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """Transport failures as ApiUnreachable, naming the server's URL."""
         import httpx
 
         try:
-            r = self._http.request(method, path, **kw)
+            yield
         except httpx.HTTPError as exc:
-            raise unreachable(self.url, exc, where="Client(url=…) or ISOSWEEP_API_URL") from None
+            raise unreachable(self.url, exc, where=self.url_hint) from None
+
+    def request(self, method: str, path: str, *, ok: Iterable[int] = (), **kw: Any):
+        """One request under /api/v1; an answer ≥ 400 (other than `ok`) raises ApiError."""
+        with self._reaching():
+            r = self._http.request(method, path, **kw)
         if r.status_code >= 400 and r.status_code not in ok:
             raise ApiError.from_response(r)
         return r
 
-    def _json(self, method: str, path: str, **kw: Any) -> Any:
+    def json(self, method: str, path: str, **kw: Any) -> Any:
+        """One request under /api/v1 (as `request`), its answer's JSON as sent: NaN and ±inf
+        stay the strings "NaN", "Infinity", "-Infinity"."""
         return self.request(method, path, **kw).json()
 
-    def _page(self, path: str, params: list, offset: int, size: int) -> tuple[dict, int]:
-        """One page and the page size that worked: a server whose page limit is below `size`
-        (ISOSWEEP_MAX_PAGE_SIZE) refuses it naming `limit`, and the size is halved."""
-        while True:
-            query = [*params, ("offset", offset), ("limit", size)]
-            try:
-                return self._json("GET", path, params=query), size
-            except ApiError as exc:
-                if exc.field != "limit" or size == 1:
-                    raise
-                size //= 2
+    def rows(
+        self,
+        path: str,
+        params: Mapping[str, Any] | list[tuple[str, Any]] | None = None,
+        *,
+        limit: int | None = None,
+        page_rows: int | None = None,
+    ) -> dict[str, Any]:
+        """A paged route's answer ({data, count[, columns]}, values as sent) with every row,
+        or the first `limit`, read `page_rows` a request (default: the route's largest page,
+        METRICS_PAGE_ROWS for a metrics route, TRIALS_PAGE_ROWS otherwise). `params` as
+        `_params` takes them (a list value repeats its key, None leaves it out), or its list of
+        pairs. See read_rows."""
+        if page_rows is None:
+            page_rows = METRICS_PAGE_ROWS if path.endswith("/metrics") else TRIALS_PAGE_ROWS
+        query = params if isinstance(params, list) else _params(params)
+        return read_rows(self.json, path, query, page_rows, limit)
 
-    def _pages(self, path: str, params: list, size: int) -> tuple[list[dict], list | None]:
-        """Every row of a paged route ({data, count[, columns]}), `size` rows a request. A
-        count that changes between pages (a running sweep's new rows) starts again, twice."""
-        for _ in range(3):
-            page, size = self._page(path, params, 0, size)
-            rows, count = list(page["data"]), page["count"]
-            while len(rows) < count and page["data"]:
-                page, size = self._page(path, params, len(rows), size)
-                if page["count"] != count:
-                    break
-                rows += page["data"]
-            else:
-                return rows, page.get("columns")
-        raise ClientError(
-            f"the rows of {path} changed during every read (a running sweep): read again, "
-            "or narrow the query (e.g. epoch=0)"
-        )
+    def download(self, path: str, sink: Any, *, params: Any = None) -> httpx.Response:
+        """GET `path` streamed into `sink` (a binary file) chunk by chunk, e.g. a metrics
+        route's CSV (format=csv); the response, for its headers (X-Total-Count)."""
+        with self._reaching(), self._http.stream("GET", path, params=params) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise ApiError.from_response(r)
+            for chunk in r.iter_bytes():
+                sink.write(chunk)
+            return r
 
     # --- sweeps
 
     def health(self) -> dict[str, Any]:
         """GET /healthz: {"status": "ok" | "degraded", "database", "ray", …} (a degraded
         server answers 503 with the same shape: returned, not raised)."""
-        return self._json("GET", "/healthz", ok=(503,))
+        return self.json("GET", "/healthz", ok=(503,))
 
     def submit(
         self,
@@ -355,7 +417,7 @@ class Client:
         describes it (id, status, counts, n_trials, progress, spec, …). With `wait`, the
         finished sweep (see `wait`)."""
         body, media = spec_body(spec, rerun=rerun)
-        sweep = self._json("POST", "/sweeps", content=body, headers={"Content-Type": media})
+        sweep = self.json("POST", "/sweeps", content=body, headers={"Content-Type": media})
         if wait:
             return self.wait(sweep["id"], poll_s=poll_s, progress=progress)
         return sweep
@@ -368,8 +430,11 @@ class Client:
         progress: bool = True,
         timeout_s: float | None = None,
     ) -> dict[str, Any]:
-        """Poll the sweep until it is completed, failed or cancelled, and return it. With
-        `progress`, the CLI's progress bar (trials done, epochs recorded, ETA) on stderr.
+        """Follow the sweep until it is completed, failed or cancelled, and return it. With
+        `progress`, the CLI's progress bar (trials done, epochs recorded, ETA) on stderr. The
+        sweep's event stream (`events`) moves the bar; a server without one, one that refuses
+        it (busy), or a stream that breaks is polled every `poll_s` seconds instead, and so is
+        every wait with a `timeout_s`.
 
         Raises:
             TimeoutError: not finished after `timeout_s` seconds (the sweep runs on). An
@@ -378,12 +443,19 @@ class Client:
         from api.cli.display import SweepBar  # rich only: the bar `isosweep submit` draws
 
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        followed = deadline is not None  # a stream has no deadline: poll instead
         with SweepBar(sweep_id, quiet=not progress) as bar:
             while True:
                 sweep = self.sweep(sweep_id)
                 bar.show_sweep(sweep)
                 if _is_finished(sweep["status"]):
                     return sweep
+                if not followed:
+                    followed = True
+                    final = self._follow(sweep_id, bar)
+                    if final is not None:
+                        return final
+                    continue
                 if deadline is not None and time.monotonic() + poll_s > deadline:
                     raise TimeoutError(
                         f"sweep {sweep_id} is still {sweep['status']} after {timeout_s} s "
@@ -391,35 +463,42 @@ class Client:
                     )
                 time.sleep(poll_s)
 
+    def _follow(self, sweep_id: int, bar: Any) -> dict[str, Any] | None:
+        """The sweep's events shown on `bar` until its `end` event: the final sweep; None when
+        the server has no event stream, refuses it, or the stream breaks."""
+        try:
+            for name, data in self.events(sweep_id):
+                if name in ("progress", "end"):
+                    bar.show_sweep(data)
+                if name == "end":
+                    return data
+        except (ClientError, ValueError):  # an error answer, no answer, a line not JSON
+            return None
+        return None
+
     def events(self, sweep_id: int) -> Iterable[tuple[str, Any]]:
         """The sweep's live events (GET /sweeps/{id}/events; docs/api.md, "Live") as they come:
         ("progress", sweep) when it changes, ("trial", trial) for each trial that finishes,
         and ("end", sweep) last, when the sweep is completed, cancelled or failed. The read
         timeout is the client's: the server sends a keep-alive line every 15 s."""
-        import httpx
-
-        try:
-            with self._http.stream("GET", f"/sweeps/{sweep_id}/events") as r:
-                if r.status_code >= 400:
-                    r.read()
-                    raise ApiError.from_response(r)
-                yield from sse_events(r.iter_lines())
-        except httpx.HTTPError as exc:
-            raise unreachable(self.url, exc, where="Client(url=…) or ISOSWEEP_API_URL") from None
+        with self._reaching(), self._http.stream("GET", f"/sweeps/{sweep_id}/events") as r:
+            if r.status_code >= 400:
+                r.read()
+                raise ApiError.from_response(r)
+            yield from sse_events(r.iter_lines())
 
     def sweep(self, sweep_id: int) -> dict[str, Any]:
         """One sweep: status, counts by trial status, n_trials, progress, eta_s, spec, …"""
-        return self._json("GET", f"/sweeps/{sweep_id}")
+        return self.json("GET", f"/sweeps/{sweep_id}")
 
     def sweeps(self, *, status: str | None = None) -> list[dict[str, Any]]:
         """Every sweep (or those with `status`), newest first."""
-        rows, _ = self._pages("/sweeps", _params(status=status), TRIALS_PAGE_ROWS)
-        return rows
+        return self.rows("/sweeps", {"status": status}, page_rows=TRIALS_PAGE_ROWS)["data"]
 
     def cancel(self, sweep_id: int) -> dict[str, Any]:
         """Cancel a sweep: queued trials stop at once, running ones soon; stored results stay.
         Returns the sweep (still `running` until its runner has stopped)."""
-        return self._json("POST", f"/sweeps/{sweep_id}/cancel")
+        return self.json("POST", f"/sweeps/{sweep_id}/cancel")
 
     # --- results
 
@@ -434,8 +513,8 @@ class Client:
         import pandas as pd
 
         params = _params(where, status=status)
-        rows, _ = self._pages(f"/sweeps/{sweep_id}/trials", params, TRIALS_PAGE_ROWS)
-        frame = pd.DataFrame([_trial_row(t) for t in rows])
+        page = self.rows(f"/sweeps/{sweep_id}/trials", params, page_rows=TRIALS_PAGE_ROWS)
+        frame = pd.DataFrame([_trial_row(t) for t in page["data"]])
         for name in ("started_at", "finished_at"):
             if name in frame:
                 frame[name] = pd.to_datetime(frame[name], format="ISO8601", utc=True)
@@ -463,8 +542,8 @@ class Client:
         import pandas as pd
 
         params = _params(where, metric=metric, epoch=epoch, layer=layer, aggregate=aggregate)
-        rows, columns = self._pages(f"/sweeps/{sweep_id}/metrics", params, METRICS_PAGE_ROWS)
-        return decode_frame(pd.DataFrame(rows, columns=columns))
+        page = self.rows(f"/sweeps/{sweep_id}/metrics", params, page_rows=METRICS_PAGE_ROWS)
+        return decode_frame(pd.DataFrame(page["data"], columns=page["columns"]))
 
     def plot(
         self,
@@ -513,8 +592,8 @@ class Client:
 
         params = _params(where, sweep=list(sweeps), metric=metric, epoch=epoch, layer=layer,
                          aggregate=aggregate)  # fmt: skip
-        rows, columns = self._pages("/compare/metrics", params, METRICS_PAGE_ROWS)
-        return decode_frame(pd.DataFrame(rows, columns=columns))
+        page = self.rows("/compare/metrics", params, page_rows=METRICS_PAGE_ROWS)
+        return decode_frame(pd.DataFrame(page["data"], columns=page["columns"]))
 
     def compare_plot(
         self,

@@ -12,6 +12,10 @@ The server is --api-url (default ISOSWEEP_API_URL, else http://127.0.0.1:8000); 
 ISOSWEEP_API_TOKEN is sent as `Authorization: Bearer …`. A server error prints its message in
 red and exits 1; exit codes of `submit --wait`: 0 completed, 1 failed, 2 cancelled, 130 when
 the wait is interrupted (the sweep runs on). httpx is imported only when a command runs.
+
+The commands are a layer over isosweep.Client (isosweep/client.py): argument parsing, printing
+and exit codes here; the URL, the token, error answers, paging, downloads and the event stream
+there, once for both.
 """
 
 from __future__ import annotations
@@ -19,26 +23,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 
 from api.cli.common import CommandError, err, out
-from api.cli.display import SweepBar, format_eta, number, print_trials, styled, table
+from api.cli.display import format_eta, number, print_trials, styled, table
 from api.cli.run import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED
 from isosweep.client import (
     DEFAULT_API_URL,
-    PREFIX,
+    METRICS_PAGE_ROWS,
     ApiError,
-    SpecError,
-    auth_headers,
-    base_url,
-    spec_body,
-    unreachable,
+    Client,
+    ClientError,
+    read_rows,
 )
 from service.status import SweepStatus, TrialStatus, trials_finished
 
@@ -48,64 +47,34 @@ JSON_PAGE_ROWS = 10_000  # rows per request up to a --limit (the route's default
 # --- talking to the API -----------------------------------------------------------------------
 
 
-class Api:
-    """An httpx client for /api/v1 that turns every failure into a CommandError: the server's
-    own message for an error answer, the URL for a server that cannot be reached."""
+class Api(Client):
+    """isosweep.Client as the commands use it: whatever it raises in the block becomes a
+    CommandError: the server's own message for an error answer (about a --where key in the
+    option's words, where_error), the URL and --api-url for a server that cannot be reached,
+    the file for a spec it cannot read."""
+
+    url_hint = "--api-url or ISOSWEEP_API_URL"
 
     def __init__(self, url: str | None, *, timeout: float = 60.0, where: Any = ()):
-        import httpx
-
+        super().__init__(url, timeout=timeout)  # the token from ISOSWEEP_API_TOKEN
         self.where = frozenset(where)  # the --where keys sent: their errors say --where KEY
-        self.url = base_url(url)  # shared with isosweep.Client, like the token's header
-        headers = auth_headers()
-        self.client = httpx.Client(base_url=self.url + PREFIX, headers=headers, timeout=timeout)
 
     def __enter__(self) -> Api:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.client.close()
-
-    def request(self, method: str, path: str, **kw: Any):
-        with self.reaching():
-            r = self.client.request(method, path, **kw)
-        if r.status_code >= 400:
-            raise CommandError(error_message(r, self.where))
-        return r
-
-    def get(self, path: str, **kw: Any) -> Any:
-        return self.request("GET", path, **kw)
-
-    def download(self, path: str, params: dict[str, Any], sink: Any) -> Any:
-        """GET streamed into `sink` (a binary file) chunk by chunk; returns the response."""
-        with self.reaching(), self.client.stream("GET", path, params=params) as r:
-            if r.status_code >= 400:
-                r.read()
-                raise CommandError(error_message(r, self.where))
-            for chunk in r.iter_bytes():
-                sink.write(chunk)
-            return r
-
-    @contextmanager
-    def reaching(self) -> Iterator[None]:
-        """Transport failures as CommandErrors that name the server's URL."""
-        import httpx
-
-        try:
-            yield
-        except httpx.HTTPError as exc:
-            failure = unreachable(self.url, exc, where="--api-url or ISOSWEEP_API_URL")
-            raise CommandError(failure.message) from None
-
-    def json(self, method: str, path: str, **kw: Any) -> Any:
-        return self.request(method, path, **kw).json()
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+        exc = exc_info[1]
+        if isinstance(exc, ApiError):
+            raise CommandError(error_message(exc, self.where)) from None
+        if isinstance(exc, ClientError):
+            raise CommandError(exc.message) from None
 
 
-def error_message(r: Any, where: Any = ()) -> str:
-    """The API's `{"error": {"type", "message", …}}` as one line (plain text: common.fail
-    prints it as given); an error about a config filter (a key of `where`, the --where
-    options sent) in the CLI's words (where_error)."""
-    error = ApiError.from_response(r)  # message (HTTP status), the token hint on a 401
+def error_message(error: ApiError, where: Any = ()) -> str:
+    """An error answer as one line (plain text: common.fail prints it as given): its message
+    (HTTP status), the token hint on a 401; an error about a config filter (a key of `where`,
+    the --where options sent) in the CLI's words (where_error)."""
     field = (error.field or "").split(".")[0]
     return str(where_error(error, field) if field and field in where else error)
 
@@ -237,9 +206,8 @@ def register(subparsers) -> None:
 
 
 def submit(args: argparse.Namespace) -> int:
-    body, media = read_spec(args.spec, rerun=args.rerun)
     with Api(args.api_url, timeout=args.timeout) as api:
-        sweep = api.json("POST", "/sweeps", content=body, headers={"Content-Type": media})
+        sweep = api.submit(args.spec, rerun=args.rerun)  # a file it cannot read: SpecError
         reused = sweep["counts"][TrialStatus.COMPLETED] + sweep["counts"][TrialStatus.DIVERGED]
         out.print(
             f"sweep [bold]{sweep['id']}[/] ({escape(sweep['name'])}): {sweep['n_trials']} trials"
@@ -250,8 +218,8 @@ def submit(args: argparse.Namespace) -> int:
         out.print(f"follow it: isosweep status {sweep['id']} · {api.url}/sweeps/{sweep['id']}")
         if not args.wait:
             return 0
-        try:
-            sweep = wait(api, sweep, poll_s=args.poll_s)
+        try:  # the bar on stderr, moved by the sweep's events (else polled every --poll-s)
+            sweep = api.wait(sweep["id"], poll_s=args.poll_s)
         except KeyboardInterrupt:
             err.print(
                 f"stopped waiting; sweep {sweep['id']} runs on (isosweep cancel {sweep['id']})"
@@ -275,66 +243,17 @@ def estimate_line(estimate: dict[str, Any]) -> str:
     )
 
 
-def read_spec(path: Path, *, rerun: bool) -> tuple[bytes, str]:
-    """The spec file's bytes and media type; with --rerun, the spec with `rerun: true`."""
-    try:
-        return spec_body(path, rerun=rerun)  # shared with isosweep.Client.submit
-    except SpecError as exc:
-        raise CommandError(exc.message) from None
-
-
-def wait(api: Api, sweep: dict[str, Any], *, poll_s: float) -> dict[str, Any]:
-    """Follow the sweep until it finishes, with the sweep progress bar (api.cli.display) on
-    stderr: trials done/total, recorded epochs (as a share of those expected), the server's ETA.
-    The server's events (GET /sweeps/{id}/events) move the bar; a server without them, or a
-    stream that breaks, is polled every `poll_s` seconds instead."""
-    with SweepBar(sweep["id"]) as bar:
-        bar.show_sweep(sweep)
-        if SweepStatus(sweep["status"]).is_finished():
-            return sweep
-        final = follow_events(api, sweep["id"], bar)
-        if final is not None:
-            return final
-        while True:
-            bar.show_sweep(sweep)
-            if SweepStatus(sweep["status"]).is_finished():
-                return sweep
-            time.sleep(poll_s)
-            sweep = api.json("GET", f"/sweeps/{sweep['id']}")
-
-
-def follow_events(api: Api, sweep_id: int, bar: SweepBar) -> dict[str, Any] | None:
-    """The sweep's events shown on `bar` until its `end` event: the final sweep; None when the
-    server has no event stream (an older one), refuses it (busy) or the stream breaks."""
-    import httpx
-
-    from isosweep.client import sse_events
-
-    try:
-        with api.client.stream("GET", f"/sweeps/{sweep_id}/events") as r:
-            if r.status_code != 200:
-                return None
-            for name, data in sse_events(r.iter_lines()):
-                if name in ("progress", "end"):
-                    bar.show_sweep(data)
-                if name == "end":
-                    return data
-    except (httpx.HTTPError, ValueError):  # a transport failure, a line that is not JSON
-        return None
-    return None
-
-
 def status(args: argparse.Namespace) -> int:
     with Api(args.api_url, timeout=args.timeout) as api:
         if args.sweep is None:
-            page = api.json("GET", "/sweeps", params={"limit": args.limit})
+            page = api.rows("/sweeps", limit=args.limit)
             if args.json:
                 return print_json(page)
             return print_sweeps(page)
-        sweep = api.json("GET", f"/sweeps/{args.sweep}")
+        sweep = api.sweep(args.sweep)
         if args.json:
             return print_json(sweep)
-        trials = api.json("GET", f"/sweeps/{args.sweep}/trials", params={"limit": args.limit})
+        trials = api.rows(f"/sweeps/{args.sweep}/trials", limit=args.limit)
     print_sweep(sweep)
     print_trials_page(sweep, trials)
     return 0
@@ -342,7 +261,7 @@ def status(args: argparse.Namespace) -> int:
 
 def cancel(args: argparse.Namespace) -> int:
     with Api(args.api_url, timeout=args.timeout) as api:
-        sweep = api.json("POST", f"/sweeps/{args.sweep}/cancel")
+        sweep = api.cancel(args.sweep)
     if sweep["status"] == SweepStatus.RUNNING:
         out.print(f"sweep {sweep['id']}: cancel requested; its running trials stop soon")
     else:
@@ -409,13 +328,13 @@ def compare(args: argparse.Namespace) -> int:
         if len(getattr(args, name) or []) > 1:
             raise CommandError(f"a figure shows one --{name}", code=2)
     fmt = args.format or ("svg" if args.output and args.output.suffix.lower() == ".svg" else "png")
-    params = {**sweeps, **filters(args.where), "format": fmt, "metric": args.metric or []}
     given = {"x": args.x, "group_by": args.group_by, "epoch": (args.epoch or [None])[0],
              "layer": (args.layer or [None])[0]}  # fmt: skip
     given |= {k: getattr(args, k) for k in PLOT_OPTION_HELP}
-    params |= {k: v for k, v in given.items() if v is not None}
+    params = {k: v for k, v in given.items() if v is not None}
     with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
-        image = api.get(f"/compare/plots/{args.kind}", params=params).content
+        image = api.compare_plot(args.sweeps, args.kind, format=fmt, where=filters(args.where),
+                                 metric=args.metric, **params)  # fmt: skip
     if str(args.output) == "-":
         sys.stdout.buffer.write(image)
         return 0
@@ -428,12 +347,12 @@ def compare(args: argparse.Namespace) -> int:
 
 def plot(args: argparse.Namespace) -> int:
     fmt = args.format or ("svg" if args.output and args.output.suffix.lower() == ".svg" else "png")
-    params: dict[str, Any] = {**filters(args.where), "format": fmt, "metric": args.metric or []}
     given = {"x": args.x, "group_by": args.group_by, "epoch": args.epoch, "layer": args.layer}
     given |= {k: getattr(args, k) for k in ("stat", "band", "nonfinite", "xscale", "yscale")}
-    params |= {k: v for k, v in {**given, "trial": args.trial}.items() if v is not None}
+    params = {k: v for k, v in {**given, "trial": args.trial}.items() if v is not None}
     with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
-        image = api.get(f"/sweeps/{args.sweep}/plots/{args.kind}", params=params).content
+        image = api.plot(args.sweep, args.kind, format=fmt, where=filters(args.where),
+                         metric=args.metric, **params)  # fmt: skip
     if str(args.output) == "-":
         sys.stdout.buffer.write(image)
         return 0
@@ -458,24 +377,15 @@ def filters(items: list[str] | None) -> dict[str, list[str]]:
     return out_
 
 
-def fetch_rows(api: Api, path: str | int, params: dict[str, Any], limit: int | None) -> dict:
-    """JSON rows of a metrics route (`path`, or a sweep id: its /metrics), page by page, up to
-    `limit`. Every page makes the server read the sweep's
-    frame again, so without a limit the pages are the route's largest (MAX_JSON_ROWS)."""
-    if limit is None:
-        from api.routes.metrics import MAX_JSON_ROWS as size  # here: it imports the routes
-    else:
-        size = JSON_PAGE_ROWS
+def fetch_rows(api: Any, path: str | int, params: dict[str, Any], limit: int | None) -> dict:
+    """JSON rows of a metrics route (`path`, or a sweep id: its /metrics), page by page
+    (isosweep.client.read_rows over `api.json`), up to `limit`. Every page makes the server
+    read the sweep's frame again, so without a limit the pages are the route's largest
+    (METRICS_PAGE_ROWS, its MAX_JSON_ROWS)."""
+    size = METRICS_PAGE_ROWS if limit is None else JSON_PAGE_ROWS
     if isinstance(path, int):
         path = f"/sweeps/{path}/metrics"
-    rows: list[dict] = []
-    while True:
-        want = size if limit is None else min(size, limit - len(rows))
-        page = api.json("GET", path, params={**params, "offset": len(rows), "limit": want})
-        rows += page["data"]
-        full = len(rows) >= page["count"] or (limit is not None and len(rows) >= limit)
-        if full or not page["data"]:
-            return {"data": rows, "count": page["count"], "columns": page["columns"]}
+    return read_rows(api.json, path, params, size, limit)
 
 
 def save_csv(args: argparse.Namespace, params: dict[str, Any], path: str) -> int:
@@ -485,11 +395,11 @@ def save_csv(args: argparse.Namespace, params: dict[str, Any], path: str) -> int
         params["limit"] = args.limit
     with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
         if not args.output:
-            api.download(path, params, sys.stdout.buffer)
+            api.download(path, sys.stdout.buffer, params=params)
             sys.stdout.flush()
             return 0
         with open(args.output, "wb") as sink:
-            r = api.download(path, params, sink)
+            r = api.download(path, sink, params=params)
     rows = r.headers.get("X-Total-Count", "?")
     err.print(f"wrote {escape(str(args.output))} ({rows} rows)")
     return 0
