@@ -10,8 +10,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from service import models
 from service.activations import ACTIVATION_NAMES
-from service.errors import InvalidInput, pydantic_hint
+from service.errors import InvalidInput
+from service.metric_names import (  # noqa: F401  (re-exported: the parts read them here)
+    LAYER_METRICS,
+    METRICS,
+    RECORD_KEYS,
+    SCALAR_METRICS,
+    SPECTRUM_KEYS,
+)
+from service.pydantic_errors import invalid_from_pydantic
 
 # Bump when what a metric means changes: results stored under another version are not reused.
 MEASUREMENT_VERSION = "2"
@@ -58,59 +67,6 @@ if TYPE_CHECKING:  # a Literal built from DATASET_SHAPES' keys, which a type che
     Dataset = str
 else:
     Dataset = Literal[tuple(DATASET_SHAPES)]
-
-SCALAR_METRICS: tuple[str, ...] = (
-    "train_loss",
-    "train_acc",
-    "test_loss",
-    "test_acc",
-    "epoch_time_s",
-    "head_grad_norm",  # Frobenius norm of ∂L/∂W of the classifier head, probe batch
-    "head_weight_isometry_gap",  # gap(W Wᵀ) of the classifier head
-)
-LAYER_METRICS: tuple[str, ...] = (
-    "isometry_gap/linear",  # gap of the Gram of block ℓ's Linear output, probe batch
-    "isometry_gap/norm",  # … of its normalization output (absent when norm = none)
-    "isometry_gap/act",  # … of its activation output (+inf where the network forces rank < n)
-    "range_isometry_gap/linear",  # … on the complement of the Gram's structural null space
-    "range_isometry_gap/norm",  # (= isometry_gap where nothing forces singularity)
-    "range_isometry_gap/act",
-    "weight_isometry_gap",  # gap(W_ℓ W_ℓᵀ) (of the block's first weight: docs/models.md)
-    "grad_norm",  # ‖∂L/∂W_ℓ‖_F on the probe batch (over all of the block's weights)
-    "rms",  # root mean square of block ℓ's output (the residual stream where there is one)
-    "mean_cosine",  # mean off-diagonal cosine similarity between the probe samples' outputs
-    # the other models' taps (docs/models.md): resmlp's residual stream, a transformer's
-    # sublayer outputs (token-mean-pooled), a registered model's tapped submodules
-    "isometry_gap/residual",
-    "isometry_gap/attn",
-    "isometry_gap/mlp",
-    "isometry_gap/output",
-    "range_isometry_gap/residual",
-    "range_isometry_gap/attn",
-    "range_isometry_gap/mlp",
-    "range_isometry_gap/output",
-    "token_isometry_gap",  # transformer: gap of each sample's token Gram, mean over the batch
-    "token_cosine",  # transformer: mean off-diagonal cosine between a sample's tokens
-)
-METRICS: tuple[str, ...] = SCALAR_METRICS + LAYER_METRICS
-# What an epoch record holds besides METRICS (docs/architecture.md, "The epoch record").
-# input_gram: the probe inputs' cosine Gram (n, n); input_moments: their ‖x_i‖²/d_in (n,), both at
-# epoch 0 and as the first Linear sees them (after input_norm).
-RECORD_KEYS: tuple[str, ...] = ("epoch", "diverged", "input_gram", "input_moments")
-# Per-epoch 2-D float64 arrays of a record, stored in the `spectra` table, not as metrics:
-# eigenvalues (descending) of each measured Gram, (L, n), when `spectra`; singular values of
-# ∂h_L(x_i)/∂x_i, (k, min(d, d_in)), when `jacobian_samples` = k > 0.
-SPECTRUM_KEYS: tuple[str, ...] = (
-    "spectrum/linear",
-    "spectrum/norm",
-    "spectrum/act",
-    "spectrum/weight",
-    "spectrum/residual",
-    "spectrum/attn",
-    "spectrum/mlp",
-    "spectrum/output",
-    "jacobian_singular_values",
-)
 
 
 class TrialConfig(BaseModel):
@@ -215,8 +171,6 @@ class TrialConfig(BaseModel):
     def _check_model(self) -> None:
         """The model family's own rules; fields that do not apply to it are reset to their
         defaults (as Adam's momentum is), so configs that would run the same network hash equal."""
-        from service import models
-
         models.check_model_name(self.model)
         defaults = _family_defaults()
         for name in models.unused_fields(self.model):
@@ -298,8 +252,6 @@ _PARAMS_AT = CONFIG_FIELDS.index("model_params")
 @cache
 def _family_defaults() -> dict[str, Any]:
     """The defaults of the family-specific fields (service.models.FAMILY_SPECIFIC)."""
-    from service import models
-
     fields = TrialConfig.model_fields
     return {f: fields[f].get_default(call_default_factory=True) for f in models.FAMILY_SPECIFIC}
 
@@ -326,22 +278,9 @@ def pydantic_to_invalid(
 ) -> InvalidInput:
     """One InvalidInput naming every bad field of a pydantic ValidationError, with a "did you
     mean" for a mistyped value of a choice or an unknown key (among `fields`, by default the
-    fields of the model that raised: TrialConfig's)."""
+    fields of the model that raised: TrialConfig's); service.pydantic_errors."""
     fields = tuple(fields) or (CONFIG_FIELDS if exc.title == "TrialConfig" else ())
-    parts = []
-    first_field = None
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        path = ".".join(p for p in (where, loc) if p)
-        first_field = first_field or path or where or None
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        msg += pydantic_hint(err, fields)
-        parts.append(f"{path}: {msg}" if path else msg)
-    invalid = InvalidInput("; ".join(parts))
-    invalid.field = first_field
-    return invalid
+    return invalid_from_pydantic(exc, where=where, fields=fields)
 
 
 def config_hash(config: TrialConfig) -> str:

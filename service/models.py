@@ -29,13 +29,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
 
 from service.errors import InvalidInput
+from service.metric_names import LAYER_METRICS
+from service.param_columns import column_of
+from service.pydantic_errors import invalid_from_pydantic
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # a type only: service.config imports this module, never the reverse
     from service.config import TrialConfig
 
 ENTRY_POINT_GROUP = "isosweep.models"
@@ -166,10 +170,9 @@ def check_params(config: TrialConfig) -> dict[str, Any]:
     entry = get_registered(config.model)
     try:
         params = entry.params(**config.model_params)
-    except ValidationError as exc:
-        from service.config import pydantic_to_invalid
-
-        raise pydantic_to_invalid(exc, where="model_params") from None
+    except ValidationError as exc:  # an unknown key gets a "did you mean" among the class's
+        fields = tuple(entry.params.model_fields)
+        raise invalid_from_pydantic(exc, where="model_params", fields=fields) from None
     if not isinstance(entry.taps, str) and len(entry.taps) != config.depth:
         raise InvalidInput(
             f"model {config.model!r} measures {len(entry.taps)} layers ({', '.join(entry.taps)})"
@@ -193,11 +196,63 @@ def tap_kinds(config: TrialConfig) -> tuple[str, ...]:
 
 def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
     """The per-layer metrics a trial records, in service.config.LAYER_METRICS' order."""
-    from service.config import LAYER_METRICS
-
     kinds = tap_kinds(config)
     have = {f"{m}/{k}" for m in ("isometry_gap", "range_isometry_gap") for k in kinds}
     have |= {"weight_isometry_gap", "grad_norm", "rms", "mean_cosine"}
     if config.model == "transformer":
         have |= {"token_isometry_gap", "token_cosine"}
     return tuple(m for m in LAYER_METRICS if m in have)
+
+
+# --- model parameters as filters (service.param_columns) --------------------------------------
+
+SCALAR_JSON = (str, int, float, bool, type(None))
+
+
+def param_fields() -> dict[str, tuple[str, FieldInfo]]:
+    """Every parameter of the registered models' params classes: name → (the first model, by
+    name, that has it; its pydantic field)."""
+    out: dict[str, tuple[str, FieldInfo]] = {}
+    for name, entry in sorted(registered().items()):
+        for field, info in entry.params.model_fields.items():
+            out.setdefault(field, (name, info))
+    return out
+
+
+def param_columns() -> list[str]:
+    """The dotted names of every registered model parameter ("model_params.expansion", …)."""
+    return [column_of(f) for f in param_fields()]
+
+
+def validate_param(name: str, value: Any, *, where: str) -> Any:
+    """A filter's value of model parameter `name`, validated as its registered model's field
+    (lax: query text "4" is 4, "false" is False) and given as its JSON value: a scalar.
+
+    Raises:
+        InvalidInput: `where` names it: no registered model has the parameter (with a "did you
+            mean" among the registered ones), the value is not of its type, or it is a list or
+            object (a filter compares one value).
+    """
+    fields = param_fields()
+    if name not in fields:
+        known = param_columns()
+        raise InvalidInput(
+            f"unknown model parameter {column_of(name)!r}"
+            + ("" if known else ": no registered model has parameters (docs/models.md)"),
+            field=where,
+            allowed=known if known else None,
+            given=column_of(name),
+        )
+    _, info = fields[name]
+    adapter: TypeAdapter = TypeAdapter(Annotated[info.annotation, info])  # type: ignore[arg-type]
+    try:
+        out = adapter.dump_python(adapter.validate_python(value), mode="json")
+    except ValidationError as exc:
+        raise invalid_from_pydantic(exc, where=where) from None
+    if not isinstance(out, SCALAR_JSON):
+        raise InvalidInput(
+            f"a filter compares one value (a number, text, true, false or null), not "
+            f"{type(out).__name__} {out!r}",
+            field=where,
+        )
+    return out

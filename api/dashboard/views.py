@@ -15,6 +15,7 @@ from markupsafe import Markup, escape
 
 from service.config import FILTER_FIELDS, METRICS
 from service.errors import InvalidInput
+from service.param_columns import param_of
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
 from service.plots.defaults import default_metric
 from service.spec import SweepSpec
@@ -175,7 +176,8 @@ def table_query(query: Mapping[str, list[str]], axis_names: list[str]) -> TableQ
     direction = param(query, "dir") or "asc"
     if direction not in ("asc", "desc"):
         raise InvalidInput(f"unknown value {direction!r}", field="dir", allowed=("asc", "desc"))
-    where = {k: [v for v in query[k] if v != ""] for k in FILTER_FIELDS if k in query}
+    names = [*FILTER_FIELDS, *(k for k in query if param_of(k) is not None)]  # model_params.<p>
+    where = {k: [v for v in query[k] if v != ""] for k in names if k in query}
     where = {k: v for k, v in where.items() if v}
     return TableQuery(status, where, sort, direction == "desc", page_number(query))
 

@@ -34,6 +34,8 @@ from api.routes.deps import (
 from api.schemas import MetricsPublic
 from api.tables import csv_chunks, json_rows, parquet_bytes
 from service.errors import LimitExceeded
+from service.jsonfmt import to_jsonable
+from service.param_columns import FIELD as PARAMS
 
 router = APIRouter(tags=["metrics"])
 
@@ -131,7 +133,12 @@ async def _answer(
 
 
 def _json(frame: pd.DataFrame, total: int) -> bytes:
-    body: dict[str, Any] = {"data": json_rows(frame), "count": total}
+    rows = json_rows(frame)
+    if PARAMS in frame.columns:  # its canonical JSON text (service.param_columns) as an object
+        documents = {text: to_jsonable(json.loads(text)) for text in frame[PARAMS].unique()}
+        for row in rows:
+            row[PARAMS] = documents[row[PARAMS]]
+    body: dict[str, Any] = {"data": rows, "count": total}
     body["columns"] = list(frame.columns)
     text = json.dumps(body, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     return text.encode()

@@ -14,6 +14,7 @@ import pandas as pd
 
 from service.config import LAYER_METRICS, METRICS
 from service.errors import InvalidInput
+from service.param_columns import FIELD as PARAMS
 from service.plots.pooling import (
     BANDS,
     NONFINITE,
@@ -25,8 +26,11 @@ from service.plots.pooling import (
 from service.tidy import AGGREGATE_COLUMNS
 
 REQUIRED_COLUMNS = ("epoch", "metric", "layer", "value")
-# Columns that are not configuration: identity, position, and values (raw or aggregated).
-NOT_CONFIG = frozenset(("trial_id", "seed", *REQUIRED_COLUMNS, *AGGREGATE_COLUMNS, *POOLED_COLUMNS))
+# Columns that are not configuration: identity, position, and values (raw or aggregated); and
+# model_params' JSON text, whose parameters are columns of their own (service.param_columns).
+NOT_CONFIG = frozenset(
+    ("trial_id", "seed", PARAMS, *REQUIRED_COLUMNS, *AGGREGATE_COLUMNS, *POOLED_COLUMNS)
+)
 # The isometry gaps of an MLP block's sub-layers, the stages the mean-field theory predicts
 # (service.theory.STAGES): what the theory overlay draws. The other models' taps (residual,
 # attn, mlp, output) have no prediction.

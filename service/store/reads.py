@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, aliased
 
 from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
 from service.errors import InvalidInput, LimitExceeded
+from service.param_columns import config_columns
 from service.spec import swept_fields_of
 from service.store import codec
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
@@ -194,7 +195,8 @@ def _check_points(s: Session, q: Select, layers: list[int] | None, max_points: i
 def _tidy(
     rows: Sequence[Any], trials: Sequence[Any], fields: list[str], layers: list[int] | None
 ) -> pd.DataFrame:
-    """One row per (trial, epoch, metric, layer); columns as docs/architecture.md says."""
+    """One row per (trial, epoch, metric, layer); columns as docs/architecture.md says: trial_id,
+    the config columns (service.param_columns.config_columns), epoch, metric, layer, value."""
     n = np.array([len(r.data) // 8 for r in rows], dtype=np.int64)  # (R,)
     values = codec.decode_many([r.data for r in rows])  # (V,)
     starts = np.cumsum(n) - n
@@ -206,9 +208,12 @@ def _tidy(
     which = np.repeat(np.array([src_of[r.trial_id] for r in rows], dtype=np.int64), n)[keep]
     tid = np.array([t[0] for t in trials], dtype=np.int64)
     cols: dict[str, Any] = {"trial_id": tid[which]}
-    for j, f in enumerate(fields):  # each config column in its natural dtype, even when empty
-        per_trial = pd.Series([t[2 + j] for t in trials], dtype=object).infer_objects()
-        cols[f] = per_trial.iloc[which].reset_index(drop=True)
+    # the config columns: the swept fields, model_params as JSON text and one column per model
+    # parameter (service.param_columns), each in its natural dtype, even when empty
+    per_field = config_columns(fields, [t[2:] for t in trials])
+    for c, column in per_field.items():
+        per_trial = pd.Series(column, dtype=object).infer_objects()
+        cols[c] = per_trial.iloc[which].reset_index(drop=True)
     cols["epoch"] = np.repeat(np.array([r.epoch for r in rows], dtype=np.int64), n)[keep]
     metric = np.repeat(np.array([r.metric for r in rows], dtype=object), n)[keep]
     cols["metric"] = pd.array(metric, dtype="str")

@@ -23,6 +23,7 @@ from service.store.models import (
     SqlTrial,
     utcnow,
 )
+from service.store.param_filters import param_condition
 from service.store.schemas import TrialInfo
 from service.store.sweeps import UNFINISHED_TRIAL, check_page, check_status, get_sweep_row
 
@@ -76,8 +77,9 @@ def where_conditions(where: dict[str, Any] | None) -> list[Any]:
     conditions: list[ColumnElement[bool]] = []
     for name, value in (where or {}).items():
         field = f"where.{name}"
-        if name not in FILTER_FIELDS:
-            raise InvalidInput("unknown config field", field=field, allowed=FILTER_FIELDS)
+        if name not in FILTER_FIELDS:  # model_params.<name>, or an error naming the fields
+            conditions.append(param_condition(name, value, where=field))
+            continue
         col = getattr(SqlTrial, name)
         values = value if isinstance(value, list | tuple) else [value]
         if not values:
