@@ -51,6 +51,7 @@ _LAZY: dict[str, str] = {
     "mean_field_gaps": "service.theory",
     "activation_summary": "service.theory",
     "registry_summary": "service.theory",
+    "predict": "service.theory",
     # plots of tidy frames, and of stored sweeps
     "render": "service.plots",
     "build_figure": "service.plots",
@@ -89,6 +90,7 @@ __all__ = [  # the client at once, the rest (_LAZY) on first use
     "mean_field_grams",
     "moments",
     "parse_spec",
+    "predict",
     "register_model",
     "registry_summary",
     "render",

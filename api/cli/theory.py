@@ -3,6 +3,7 @@
     isosweep theory tanh --gain 1.5                      # coefficients and β of σ(1.5·x)
     isosweep theory tanh --depth 20 --input-gram g.npy   # the mean-field gap at blocks 1..20
     isosweep theory --trial 12                           # the same from a stored trial
+    isosweep theory predict --set norm=batch --set depth=20  # a trial's whole record, predicted
 
 Coefficients below the quadrature's accuracy (COEFFICIENT_ACCURACY·‖σ‖, ‖σ‖² = E σ(αX)²;
 service.theory.hermite_coefficients is accurate to ~1e-15·‖σ‖) print as 0: they are zero up
@@ -38,7 +39,7 @@ def register(subparsers) -> None:
             "`theory list`) prints the registry with β."
         ),
     )
-    p.add_argument("activation", nargs="?", help="a registered activation, or `list`")
+    p.add_argument("activation", nargs="?", help="a registered activation, `list`, or `predict`")
     p.add_argument("--list", action="store_true", help="every registered activation with its β")
     p.add_argument("--gain", type=float, help="input gain α (default 1; --trial: its own)")
     p.add_argument("--terms", type=int, default=20, help="highest coefficient index K (default 20)")
@@ -66,6 +67,17 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--uncentered", action="store_true", help="scale-only normalization (layer_scale)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        metavar="KEY=VALUE",
+        help="predict: a TrialConfig field (repeatable), e.g. --set norm=batch; the mean-field "
+        "prediction of the trial's epoch-0 record (rms, mean_cosine, gaps, grad_norm)",
+    )
+    p.add_argument(
+        "--samples", type=int, default=1 << 14, help="predict: Monte Carlo draws (BatchNorm)"
     )
     p.set_defaults(func=run_theory)
 
@@ -204,6 +216,8 @@ def run_theory(args: argparse.Namespace) -> int:
     if args.trial is None:  # --trial's own gains unless given
         args.gain = 1.0 if args.gain is None else args.gain
         args.gain_exponent = 0.0 if args.gain_exponent is None else args.gain_exponent
+    if args.activation == "predict" or args.overrides:
+        return run_predict(args)
     if args.list or args.activation == "list":
         rows = theory.registry_summary(args.gain, args.terms)
         if args.json:
@@ -232,6 +246,46 @@ def run_theory(args: argparse.Namespace) -> int:
     out.print(_coefficient_table(summary["coefficients"]))
     if prediction is not None:
         out.print(_gap_table(prediction, summary["kappa_prime0"]))
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    """`isosweep theory predict --set …`: service.theory.predict of one trial config, on the
+    --inputs batch if given (else orthonormal unit-RMS inputs)."""
+    from api.cli.common import parse_overrides
+    from service import theory
+    from service.config import parse_trial_config
+    from service.jsonfmt import dumps
+
+    for flag in ("trial", "input_gram"):
+        if getattr(args, flag) is not None:
+            raise InvalidInput(f"--{flag.replace('_', '-')} does not apply to predict", field=flag)
+    config = parse_trial_config(parse_overrides(args.overrides))
+    inputs = load_matrix(args.inputs, "inputs") if args.inputs else None
+    p = theory.predict(config, inputs, samples=args.samples)
+    metrics = {k: v for k, v in p.items() if k not in ("unpredicted", "notes")}
+    if args.json:
+        print(dumps({"config": config.model_dump(), "layers": list(range(1, config.depth + 1)),
+                     "metrics": metrics, "unpredicted": p["unpredicted"],
+                     "notes": p["notes"]}))  # fmt: skip
+        return 0
+    from rich.table import Table
+
+    c = config
+    t = Table(
+        title=f"mean-field prediction: {c.model}, norm {c.norm}, order {c.order}, "
+        f"{c.activation}, depth {c.depth}, n {c.batch_size}"
+    )
+    t.add_column("ℓ", justify="right")
+    for k in metrics:
+        t.add_column(escape(k), justify="right")
+    for i in range(config.depth):
+        t.add_row(str(i + 1), *(f"{metrics[k][i]:.6g}" for k in metrics))
+    out.print(t)
+    for k, v in p["notes"].items():
+        out.print(f"{k}: {escape(str(v))}")
+    for k, why in p["unpredicted"].items():
+        out.print(f"[yellow]not predicted[/] {escape(k)}: {escape(why)}")
     return 0
 
 

@@ -1,5 +1,7 @@
 """What the theory predicts: Hermite coefficients, isometry strength β, the dual activation κ and
-the mean-field Gram recursion of a LayerNorm MLP. numpy + scipy only.
+the mean-field Gram recursion of a LayerNorm MLP, and `predict`: a trial's whole epoch-0 record
+at infinite width (MLPs and residual MLPs with any norm, gradients included;
+service.theory.predict). numpy + scipy only.
 
 References (docs/science.md): Joudaki, Daneshmand, Bach, "On the impact of activation and
 normalization in obtaining isometric embeddings at initialization", NeurIPS 2023 — Definition 3
@@ -36,6 +38,7 @@ from service.theory.meanfield import (
     mean_field_gaps,
     mean_field_grams,
 )
+from service.theory.predict import predict
 from service.theory.quadrature import (
     DEPTH_MAX,
     DUAL_GAIN_MAX,
@@ -80,6 +83,7 @@ __all__ = [
     "mean_field_gaps",
     "mean_field_grams",
     "moments",
+    "predict",
     "registry_summary",
     "unit_gram",
     "weight_variance_scale",

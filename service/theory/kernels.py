@@ -1,0 +1,215 @@
+"""Per-unit kernels of one layer at infinite width, for `service.theory.predict`.
+
+At infinite width the n probe samples' representation in a layer is described, unit by unit, by
+the n-vector u = (u₁..uₙ) of one unit's values: units are i.i.d., so the layer is its kernel
+K = E[u uᵀ] (n × n, the Gram per unit: H Hᵀ/d → K) and its mean μ = E u (over units). A Linear
+with i.i.d. zero-mean weights of variance s·g²/fan_in turns any input of kernel K into a
+Gaussian u ~ N(0, s·g²·K). What each other layer does:
+
+- σ(α·u) of a Gaussian u: E[σ(αuᵢ)σ(αuⱼ)] by the quadrature of service.theory (κ maps for equal
+  variances, the first-layer machinery of service.theory.firstlayer for unequal ones) — exact to
+  ~1e-11;
+- LayerNorm (per sample, over units): at infinite width a deterministic per-sample rescaling by
+  the unit statistics, (uᵢ − μᵢ)/√(Var uᵢ + ε) (layer) or uᵢ/√(E uᵢ² + ε) (layer_scale);
+- BatchNorm (per unit, over the batch): y = √n·Pu/√(‖Pu‖² + nε), P = I − 11ᵀ/n (batch), or
+  √n·u/√(‖u‖² + nε) (batch_scale) — an n-dimensional non-linear map of one unit's vector, whose
+  kernel is Yang et al. (2019)'s recursion. For a Gaussian input N(0, Σ) it is exact here
+  (`bn_gaussian`: a one-dimensional integral, Laplace's trick 1/x = ∫e^{−tx}dt); after a
+  non-linearity it is a Monte Carlo average over `samples` draws with a fixed seed (`bn_samples`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import integrate
+
+from service.activations import Activation
+from service.errors import InvalidInput
+from service.theory.firstlayer import _homogeneous_dual, _series_dual
+from service.theory.kappa import _kappa_map
+from service.theory.quadrature import DUAL_GAIN_MAX, GAIN_MAX, _get_moments
+
+ISOTROPIC_RTOL = 1e-9  # a centred kernel this close to c·P counts as isotropic on 1⊥
+# Variances this close are one variance (κ at their mean gain): a LayerNorm's ε leaves its
+# outputs' mean squares v/(v + ε) apart by O(ε·Δv), whose effect on κ is far below this.
+EQUAL_VARIANCE_RTOL = 1e-7
+
+
+def psd_sqrt(K: np.ndarray) -> np.ndarray:
+    """R (n, n) with R Rᵀ = K for a symmetric PSD K (eigenvalues below 0 from rounding → 0)."""
+    lam, U = np.linalg.eigh((K + K.T) / 2)
+    return U * np.sqrt(np.maximum(lam, 0.0))
+
+
+def gaussian_draws(K: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """(samples, n) i.i.d. draws of N(0, K): one row per unit."""
+    return rng.standard_normal((samples, K.shape[0])) @ psd_sqrt(K).T
+
+
+# --------------------------------------------------------------------- σ of a Gaussian, exact
+
+
+def gaussian_act(act: Activation, alpha: float, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(E σ(αu)σ(αu)ᵀ (n, n), E σ(αu) (n,)) for u ~ N(0, K), by quadrature.
+
+    Raises:
+        InvalidInput: a sample with zero variance, or a gain α·√Kᵢᵢ beyond the quadrature's range
+            (GAIN_MAX; DUAL_GAIN_MAX for non-homogeneous σ with equal variances).
+    """
+    v = np.diag(K).copy()
+    if not (np.isfinite(K).all() and (v > 0).all()):
+        raise InvalidInput("a sample's pre-activation variance is 0 or not finite", field="inputs")
+    d = np.sqrt(v)
+    rho = np.clip(K / np.outer(d, d), -1.0, 1.0)
+    np.fill_diagonal(rho, 1.0)
+    gam = alpha * d
+    if act.homogeneous:
+        mean, D = _homogeneous_dual(act, rho, gam)
+    elif v.max() <= v.min() * (1 + EQUAL_VARIANCE_RTOL):
+        g = float(gam.mean())
+        if g > DUAL_GAIN_MAX:
+            raise InvalidInput(
+                f"the pre-activation scale α·√q = {g:.3g} is over {DUAL_GAIN_MAX:g}, the 2-D "
+                "quadrature's range",
+                field="activation_gain",
+            )
+        m = _get_moments(act, g)
+        f = _kappa_map(act, g)
+        D = m["variance"] * f(rho)
+        np.fill_diagonal(D, m["variance"])
+        mean = np.full(v.size, m["mean"])
+    else:
+        if gam.max() > GAIN_MAX:
+            raise InvalidInput(
+                f"the largest pre-activation scale α·√q is {gam.max():.3g}, over {GAIN_MAX:g}",
+                field="activation_gain",
+            )
+        mean, D = _series_dual(act, rho, gam)
+    return np.outer(mean, mean) + D, mean
+
+
+def gaussian_act_derivative(
+    act: Activation, alpha: float, K: np.ndarray, samples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """E[α²σ′(αuᵢ)σ′(αuⱼ)] (n, n) for u ~ N(0, K), Monte Carlo (σ′ by central differences,
+    which is 0 almost everywhere for step, as autograd's)."""
+    Z = alpha * gaussian_draws(K, samples, rng)
+    S = alpha * derivative(act, Z)
+    return S.T @ S / samples
+
+
+def derivative(act: Activation, x: np.ndarray) -> np.ndarray:
+    """σ′(x) by a central difference (h = 1e-6·max(1, |x|)); exact for piecewise-linear σ away
+    from their kinks."""
+    h = 1e-6 * np.maximum(1.0, np.abs(x))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (act.numpy(x + h) - act.numpy(x - h)) / (2 * h)
+
+
+# ------------------------------------------------------------------------------ BatchNorm
+
+
+def centring(n: int) -> np.ndarray:
+    return np.eye(n) - 1.0 / n
+
+
+def bn_gaussian(Sigma: np.ndarray, eps: float, centred: bool) -> np.ndarray:
+    """E[y yᵀ] for y = BN(u), u ~ N(0, Σ): exact (Yang et al. 2019, the linear case).
+
+    y = √n·w/√(‖w‖² + nε) with w = Pu (centred) or u. With w's covariance C = U diag(λ) Uᵀ,
+    E[y yᵀ] = U diag(m) Uᵀ, m_k = n·∫₀^∞ e^{−tnε}·λ_k/(1 + 2tλ_k)·Π_j(1 + 2tλ_j)^{−1/2} dt
+    (1/(x + nε) = ∫e^{−t(x+nε)}dt, and the Gaussian integral of x_k²e^{−t‖w‖²}), by adaptive
+    quadrature (relative 1e-12). At an isotropic C = c·P this is (n/(n − 1))·P for ε = 0.
+    """
+    n = Sigma.shape[0]
+    C = centring(n) @ Sigma @ centring(n) if centred else Sigma
+    lam, U = np.linalg.eigh((C + C.T) / 2)
+    lam = np.where(lam > n * 1e-15 * max(lam.max(), 0.0), lam, 0.0)
+    scale = lam.max()
+    if not scale > 0:
+        raise InvalidInput("a BatchNorm input is zero on the whole batch", field="inputs")
+    lam_s = lam / scale  # t in units of 1/scale: integrand of order 1
+    e = n * eps / scale
+
+    def f(t: float) -> np.ndarray:
+        log_prod = -0.5 * np.log1p(2 * t * lam_s).sum() - t * e
+        return lam_s / (1 + 2 * t * lam_s) * math.exp(log_prod)
+
+    m, _ = integrate.quad_vec(f, 0.0, np.inf, epsrel=1e-12, epsabs=0.0)
+    return (U * (n * np.asarray(m))) @ U.T
+
+
+def bn_samples(U: np.ndarray, eps: float, centred: bool) -> np.ndarray:
+    """BN of each row of U (samples, n): one unit's batch vector per row."""
+    n = U.shape[1]
+    W = U - U.mean(axis=1, keepdims=True) if centred else U
+    return math.sqrt(n) * W / np.sqrt((W * W).sum(axis=1, keepdims=True) + n * eps)
+
+
+def bn_backward_samples(U: np.ndarray, G: np.ndarray, eps: float, centred: bool) -> np.ndarray:
+    """Jᵀg per row: the gradient at the BN input U (samples, n) of output gradients G.
+
+    J = (√n/r)(P − Pu uᵀP/r²), r² = ‖Pu‖² + nε (P = I for batch_scale); J is symmetric."""
+    n = U.shape[1]
+    if centred:
+        W = U - U.mean(axis=1, keepdims=True)
+        PG = G - G.mean(axis=1, keepdims=True)
+    else:
+        W, PG = U, G
+    r2 = (W * W).sum(axis=1, keepdims=True) + n * eps
+    return math.sqrt(n) / np.sqrt(r2) * (PG - W * (W * PG).sum(axis=1, keepdims=True) / r2)
+
+
+def isotropic_scale(Sigma: np.ndarray, centred: bool) -> float | None:
+    """c when the BN input's (centred) covariance is c·P (c·I for batch_scale) to ISOTROPIC_RTOL,
+    else None."""
+    n = Sigma.shape[0]
+    C = centring(n) @ Sigma @ centring(n) if centred else Sigma
+    m = n - 1 if centred else n
+    c = float(np.trace(C)) / m
+    target = c * (centring(n) if centred else np.eye(n))
+    if c > 0 and np.abs(C - target).max() <= ISOTROPIC_RTOL * c:
+        return c
+    return None
+
+
+def bn_backward_isotropic(D: np.ndarray, c: float, eps: float, centred: bool) -> np.ndarray:
+    """E[J D J] for u with covariance c·P (c·I for batch_scale): closed form.
+
+    With m = rank, w = Pu/‖Pu‖ uniform on the unit sphere of the range and ‖Pu‖² = c·χ²_m
+    independent of it, J = √n/r·(P − ρ²/r²·wwᵀ) (ρ = ‖Pu‖). For ε = 0 the sphere's fourth moments
+    E[wₐw_bw_cw_d] = (δδ + δδ + δδ)/(m(m + 2)) give
+    E[J D J] = n·E[1/ρ²]·(D′(1 − 2/m + 2/(m(m + 2))) + tr(D′)·P/(m(m + 2))), D′ = PDP,
+    E[1/ρ²] = 1/(c(m − 2)). With ε > 0 the moments of ρ enter through 1-D integrals over
+    χ²_m. Needs m > 2 (ε = 0)."""
+    n = D.shape[0]
+    P = centring(n) if centred else np.eye(n)
+    m = n - 1 if centred else n
+    Dp = P @ D @ P
+    ne = n * eps
+    # E over ρ² = cX, X ~ χ²_m, of a(ρ²) = 1/r², b(ρ²) = ρ²/r⁴ (the wwᵀ term's weight), ρ⁴/r⁶
+    if ne == 0:
+        if m <= 2:
+            raise InvalidInput(
+                "BatchNorm's gradient needs a batch of at least 4", field="batch_size"
+            )
+        e1 = 1.0 / (c * (m - 2))
+        e2 = e1
+        e3 = e1
+    else:
+        from scipy import stats
+
+        def moment(f):
+            return integrate.quad(
+                lambda x: f(c * x) * stats.chi2.pdf(x, m), 0, np.inf, epsrel=1e-12, limit=200
+            )[0]
+
+        e1 = moment(lambda q: 1 / (q + ne))
+        e2 = moment(lambda q: q / (q + ne) ** 2)
+        e3 = moment(lambda q: q * q / (q + ne) ** 3)
+    # J D J = (n/r²)(D′ − s(wwᵀD′ + D′wwᵀ) + s² wwᵀD′wwᵀ), s = ρ²/r²
+    Eww = P / m
+    four = (2 * Dp + np.trace(Dp) * P) / (m * (m + 2))
+    return n * (e1 * Dp - e2 * (Eww @ Dp + Dp @ Eww) + e3 * four)
