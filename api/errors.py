@@ -177,7 +177,12 @@ def _field_name(loc: tuple | list) -> str | None:
     return name or ("body" if where == "body" else None)
 
 
-HTTP_TYPES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
+HTTP_TYPES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    429: "too_many_requests",
+}
 
 
 async def _http(request: Request, exc: Exception) -> NonFiniteJSONResponse:

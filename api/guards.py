@@ -9,11 +9,18 @@ so nothing is read or parsed before they agree; each answers in the one error sh
   or, where a browser sends no Sec-Fetch-* (plain http to a non-loopback host), an `Origin`
   that is not this server's. Requests with neither (curl, the CLI's httpx) are not a browser's
   and pass. A form POST and a no-cors fetch from another page always carry one of them.
+- Content-Length (ContentLength): a header that is not a bounded non-negative integer (digits
+  only, at most MAX_LENGTH_DIGITS of them; one value however many times it is sent) is a 400
+  at once, before the server would wait for a body of that size.
 - Token (TokenAuth): when Settings.api_token is set, every request but the open paths (health,
-  the docs, the login page, static files) needs `Authorization: Bearer <token>`, or the
-  dashboard's session cookie (api/dashboard/login.py), compared in constant time. Reads are
-  exempt when Settings.open_reads is set. Otherwise 401 with `WWW-Authenticate: Bearer` (API)
-  or a redirect to /login (a dashboard page).
+  the docs, the login page, static files) needs `Authorization: Bearer <token>` (compared in
+  constant time), or the cookie of a live dashboard login session (a random key that names a
+  server-side session, service/store/logins.py: revoked at logout, by `isosweep sessions
+  revoke`, at its expiry, and when the token changes). Reads are exempt when
+  Settings.open_reads is set. Otherwise 401 with `WWW-Authenticate: Bearer` (API) or a
+  redirect to /login (a dashboard page). A wrong bearer token counts as a failed login (the
+  throttle of api/limits.py, shared with the login form): past the bound from one address, or
+  from all, a 429 with Retry-After, and nothing is compared while it lasts.
 - Media (MediaType): a mutating request under /api/ with a body, or a declared Content-Type,
   must be JSON or YAML (422 on field `body`): a form or text/plain body is not the API's.
 - Body (BodyLimit): a declared Content-Length over Settings.max_body_bytes is refused at once
@@ -22,17 +29,20 @@ so nothing is read or parsed before they agree; each answers in the one error sh
 
 from __future__ import annotations
 
-import hashlib
 import hmac
+from typing import Any
 from urllib.parse import quote, urlsplit
 
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import BadHost, BodyTooLarge, Forbidden, error_response
+from api.errors import BadHost, BodyTooLarge, Forbidden, error_body, error_response
+from api.limits import Throttle, client_key, login_throttle
+from api.schemas import NonFiniteJSONResponse
 from api.spec_body import YAML_TYPES
-from service.errors import InvalidInput, Unauthorized
+from service.errors import InvalidInput, IsosweepError, StorageError, Unauthorized
 
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SESSION_COOKIE = "isosweep_session"
@@ -41,6 +51,8 @@ SESSION_COOKIE = "isosweep_session"
 OPEN_PATHS = frozenset({"/api/v1/healthz", "/openapi.json", "/docs", "/login", "/logout"})
 OPEN_PREFIXES = ("/static/", "/docs-assets/")
 API_MEDIA = ("application/json", *YAML_TYPES)
+# A Content-Length of more digits is no count this server takes: 10**18 bytes is an exabyte.
+MAX_LENGTH_DIGITS = 18
 
 
 def _http(scope: Scope) -> bool:
@@ -111,22 +123,30 @@ def cross_origin(headers: Headers) -> str | None:
 
 
 class TokenAuth:
-    """With a token configured, 401 (or the login page) for a request without it."""
+    """With a token configured, 401 (or the login page) for a request without it; 429 for a
+    client throttled for its failed logins."""
 
     def __init__(self, app: ASGIApp, token: str | None, *, open_reads: bool = False):
         self.app = app
+        self.token_text = token
         self.token = token.encode() if token else None
-        self.session = session_value(token).encode() if token else None
         self.open_reads = open_reads
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.token is None or not _http(scope):
             return await self.app(scope, receive, send)
-        if self._authorized(Headers(scope=scope)):
+        reading = scope["method"] not in MUTATING
+        exempt = open_path(scope["path"]) or (reading and self.open_reads)
+        try:
+            authorized = await self._authorized(scope, Headers(scope=scope), exempt)
+        except _Throttled as throttled:
+            return await throttled.response(scope, receive, send)
+        except StorageError as failed:  # the sessions cannot be read: a 503, not a false 401
+            return await error_response(failed)(scope, receive, send)
+        if authorized:
             scope.setdefault("state", {})["authorized"] = True  # request.state.authorized
             return await self.app(scope, receive, send)
-        reading = scope["method"] not in MUTATING
-        if open_path(scope["path"]) or (reading and self.open_reads):
+        if exempt:
             return await self.app(scope, receive, send)
         if reading and not scope["path"].startswith("/api/"):  # a dashboard page
             query = scope["query_string"].decode("latin-1")
@@ -134,31 +154,59 @@ class TokenAuth:
             url = "/login?next=" + quote(target, safe="/")
             return await RedirectResponse(url, status_code=303)(scope, receive, send)
         what = "this request changes state" if not reading else "reads need the token too"
-        exc = Unauthorized(f"{what}: send `Authorization: Bearer <token>`")
-        await error_response(exc)(scope, receive, send)
+        refused = Unauthorized(f"{what}: send `Authorization: Bearer <token>`")
+        await error_response(refused)(scope, receive, send)
 
-    def _authorized(self, headers: Headers) -> bool:
+    async def _authorized(self, scope: Scope, headers: Headers, exempt: bool) -> bool:
         scheme, _, given = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer":
+            throttle = throttle_of(scope)
+            key = client_key(scope)
+            wait = throttle.retry_after(key)
+            if wait is not None:
+                if exempt:  # an open path needs no token: nothing to refuse
+                    return False
+                raise _Throttled(wait)
             # Compare whatever was sent, so the time taken does not depend on where it differs.
-            return hmac.compare_digest(given.strip().encode("utf-8", "replace"), self.token or b"")
+            ok = hmac.compare_digest(given.strip().encode("utf-8", "replace"), self.token or b"")
+            throttle.succeeded(key) if ok else throttle.failed(key)
+            return ok
         cookie = _cookie(headers.get("cookie", ""), SESSION_COOKIE)
-        # Headers are latin-1 text: as bytes, any cookie compares (a str must be ASCII).
-        return cookie is not None and hmac.compare_digest(
-            cookie.encode("latin-1", "replace"), self.session or b""
+        store = getattr(scope.get("app"), "state", None)
+        store = getattr(store, "store", None)
+        if not cookie or store is None or self.token_text is None:
+            return False
+        from service.store.logins import LoginSessions  # SQLAlchemy: imported with the store
+
+        return await run_in_threadpool(LoginSessions(store).check, cookie, self.token_text)
+
+
+class _Throttled(Exception):
+    def __init__(self, wait: int):
+        self.wait = wait
+
+    @property
+    def response(self) -> NonFiniteJSONResponse:
+        body = error_body(
+            "too_many_requests",
+            f"too many failed logins from this address (or from all): retry after {self.wait} s",
         )
+        return NonFiniteJSONResponse(body, status_code=429, headers={"Retry-After": str(self.wait)})
+
+
+def throttle_of(scope_or_state: Any) -> Throttle:
+    """The app's throttle of failed logins (app.state.login_throttle), made on first use (on
+    the event loop: no race)."""
+    state = scope_or_state["app"].state if isinstance(scope_or_state, dict) else scope_or_state
+    throttle = getattr(state, "login_throttle", None)
+    if throttle is None:
+        throttle = state.login_throttle = login_throttle(state.settings)
+    return throttle
 
 
 def open_path(path: str) -> bool:
     """Whether anyone may request `path`, token or not."""
     return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
-
-
-def session_value(token: str) -> str:
-    """The dashboard's cookie: an HMAC of a fixed label under the token. It proves the token was
-    given without being it (a leaked cookie does not give the token to an API client), and a
-    new token ends every session."""
-    return hmac.new(token.encode(), b"isosweep dashboard session v1", hashlib.sha256).hexdigest()
 
 
 def _cookie(header: str, name: str) -> str | None:
@@ -167,6 +215,47 @@ def _cookie(header: str, name: str) -> str | None:
         if key == name:
             return value
     return None
+
+
+class ContentLength:
+    """400 for a Content-Length that is not a bounded non-negative integer."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not _http(scope):
+            return await self.app(scope, receive, send)
+        values = [v for k, v in scope["headers"] if k.lower() == b"content-length"]
+        if not values or bounded_length(values) is not None:
+            return await self.app(scope, receive, send)
+        shown = b", ".join(values)[:40].decode("latin-1")
+        exc = _BadHeader(
+            f"Content-Length {shown!r} is not a bounded non-negative integer (digits only, at "
+            f"most {MAX_LENGTH_DIGITS} of them, one value)",
+            field="Content-Length",
+        )
+        await error_response(exc)(scope, receive, send)
+
+
+class _BadHeader(IsosweepError):
+    kind = "bad_request"  # a 400 (api.errors.STATUS: IsosweepError)
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def bounded_length(values: list[bytes]) -> int | None:
+    """The body size the Content-Length header(s) declare, or None when they are not one
+    bounded non-negative integer: ASCII digits only (no sign, space, `_` or other numerals),
+    1 to MAX_LENGTH_DIGITS of them, the same value each time the header is sent."""
+    if len(set(values)) != 1:
+        return None
+    value = values[0]
+    if not 0 < len(value) <= MAX_LENGTH_DIGITS or not all(48 <= c <= 57 for c in value):
+        return None
+    return int(value)
 
 
 class MediaType:
@@ -237,8 +326,6 @@ class BodyLimit:
 
 
 def _content_length(scope: Scope) -> int | None:
-    value = Headers(scope=scope).get("content-length")
-    try:
-        return int(value) if value is not None and len(value) < 20 else None
-    except ValueError:
-        return None  # the server rejects a malformed header itself
+    """The declared body size (ContentLength, outside, has refused any other header value)."""
+    values = [v for k, v in scope["headers"] if k.lower() == b"content-length"]
+    return bounded_length(values) if values else None

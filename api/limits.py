@@ -6,6 +6,11 @@ not a queue that grows with the load. A plot that takes over Settings.plot_timeo
 its work goes on in the background, still counted against the bound, and lands in the read
 cache for the retry.
 
+Throttles (`Throttle`): failed logins per client address and in all (the login form and wrong
+bearer tokens, api/guards.py and api/dashboard/login.py: a 429 with Retry-After, nothing
+compared while it lasts), and `rate_limited(...)`, the same mechanism as a dependency for any
+route that wants its callers bounded.
+
 A cached answer (or one another request is computing: the cache's single flight) costs no
 slot. When the last heavy read ends, the C heap's free pages go back to the OS
 (malloc_trim(0) on glibc), so that the process's RSS falls back after a burst.
@@ -16,8 +21,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import math
 import threading
-from collections.abc import Callable, Hashable
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -162,3 +170,139 @@ async def get_heavy_reads(request: Request) -> HeavyReads:
     if heavy is None:
         heavy = state.heavy_reads = make_heavy_reads(state.settings)
     return heavy
+
+
+# --- throttles: failed logins, and any route that wants a bound on its callers ---------------
+
+
+class Throttle:
+    """Events (failed logins, or requests) per key — a client's address — in a sliding window
+    of `window_s`: at `per_key` events of one key, or `total` of all keys together, the key
+    must wait until the oldest event that counts leaves the window. Each key keeps at most
+    `per_key` times and the whole at most `total` (deques), and at most `max_keys` keys are
+    remembered (the least recently seen forgotten first): memory stays bounded whatever the
+    number of addresses. Thread-safe.
+
+        t = Throttle(per_key=10, total=100, window_s=60)
+        if (wait := t.retry_after(address)) is not None: refuse, Retry-After: wait
+        ...; t.failed(address)   # or t.succeeded(address), which forgets the key's events
+    """
+
+    def __init__(
+        self,
+        per_key: int,
+        total: int,
+        window_s: float,
+        *,
+        max_keys: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.per_key, self.total, self.window_s = per_key, total, window_s
+        self.max_keys, self.clock = max_keys, clock
+        self._keys: OrderedDict[str, deque[float]] = OrderedDict()
+        self._all: deque[float] = deque(maxlen=total)
+        self._lock = threading.Lock()
+        self.refused = 0  # 429s so far
+
+    def _trim(self, times: deque[float], now: float) -> None:
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+
+    def retry_after(self, key: str) -> int | None:
+        """Whole seconds `key` must wait (≥ 1), or None when it may go on now."""
+        with self._lock:
+            now = self.clock()
+            self._trim(self._all, now)
+            waits = []
+            if len(self._all) >= self.total:
+                waits.append(self._all[0] + self.window_s - now)
+            times = self._keys.get(key)
+            if times is not None:
+                self._trim(times, now)
+                if len(times) >= self.per_key:
+                    waits.append(times[0] + self.window_s - now)
+            if not waits:
+                return None
+            self.refused += 1
+            return max(1, math.ceil(max(waits)))
+
+    def failed(self, key: str) -> None:
+        """Count one event of `key`."""
+        with self._lock:
+            now = self.clock()
+            times = self._keys.pop(key, None)
+            if times is None:
+                times = deque(maxlen=self.per_key)
+            times.append(now)
+            self._keys[key] = times  # most recently seen last
+            while len(self._keys) > self.max_keys:
+                self._keys.popitem(last=False)
+            self._all.append(now)
+
+    hit = failed  # a rate limit counts every request, not only failures
+
+    def succeeded(self, key: str) -> None:
+        """Forget `key`'s own events (its right token came); the count of all keeps them."""
+        with self._lock:
+            self._keys.pop(key, None)
+
+    def failures(self, key: str) -> list[float]:
+        with self._lock:
+            return list(self._keys.get(key, ()))
+
+    def keys(self) -> int:
+        with self._lock:
+            return len(self._keys)
+
+
+def too_many(what: str, retry_after_s: int) -> HTTPException:
+    """The 429 a throttled request gets (Retry-After in whole seconds)."""
+    return HTTPException(
+        429,
+        f"{what}: retry after {retry_after_s} s",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def login_throttle(settings: Settings) -> Throttle:
+    """The throttle of failed logins (the login form and wrong bearer tokens share it)."""
+    return Throttle(
+        settings.login_failures_per_address, settings.login_failures_total, settings.login_window_s
+    )
+
+
+def client_key(request_or_scope: Request | MutableMapping[str, Any]) -> str:
+    """The key a throttle counts a request under: its client's address."""
+    client = (
+        request_or_scope.client
+        if isinstance(request_or_scope, Request)
+        else request_or_scope.get("client")
+    )
+    if client is None:
+        return "?"
+    return str(client[0] if isinstance(client, tuple | list) else client.host)
+
+
+def rate_limited(name: str, per_key: int, total: int, window_s: float) -> Callable[[Request], Any]:
+    """A dependency that bounds a route's callers: each request counts (by client address), and
+    past `per_key` from one address or `total` from all within `window_s` it is a 429 with
+    Retry-After. One throttle per `name` and app (app.state.throttles).
+
+        @router.post("/sweeps", dependencies=[Depends(rate_limited("submit", 30, 300, 60))])
+    """
+
+    async def check(request: Request) -> None:
+        state = request.app.state
+        throttles = getattr(state, "throttles", None)
+        if throttles is None:
+            throttles = state.throttles = {}
+        throttle = throttles.get(name)
+        if throttle is None:
+            throttle = throttles[name] = Throttle(per_key, total, window_s)
+        key = client_key(request)
+        wait = throttle.retry_after(key)
+        if wait is not None:
+            raise too_many(f"too many {name} requests", wait)
+        throttle.hit(key)
+
+    return check

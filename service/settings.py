@@ -75,6 +75,17 @@ class Settings(BaseSettings):
     runner_poll_s: float = Field(2.0, gt=0)  # how often an idle runner looks for queued sweeps
     runner_lease_s: float = Field(60.0, gt=0)  # a running sweep without a heartbeat this long
     # is taken over by another runner (the first one died)
+    # `isosweep serve` restarts a runner whose driver loop made no progress this long
+    runner_stall_s: float = Field(600.0, gt=0)
+
+    # The dashboard's login sessions (api/dashboard/login.py): each ends this long after login,
+    # at logout, by `isosweep sessions revoke`, or when the token changes.
+    session_ttl_s: float = Field(7 * 86400.0, gt=0)
+    # Failed logins (the form, or a wrong bearer token) within login_window_s: past this many
+    # from one address, or from all together, a 429 with Retry-After and nothing is compared.
+    login_failures_per_address: int = Field(10, ge=1)
+    login_failures_total: int = Field(100, ge=1)
+    login_window_s: float = Field(60.0, gt=0)
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "api.cli.theory",  # theory: Hermite coefficients, β, mean-field predictions
     "api.cli.run",  # run, runner: sweeps on Ray Tune
     "api.cli.serve",  # serve: API + runner
+    "api.cli.sessions",  # sessions: the dashboard's login sessions
     "api.cli.client",  # submit, status, cancel, results, plot: REST client
 )
 

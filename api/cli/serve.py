@@ -74,6 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
     check_open(settings)
     check_port_free(settings.host, settings.port)
     store = Store(settings.database_url, settings=settings)  # migrates before anything runs
+    end_other_tokens_sessions(store, settings)
     runner = None
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -97,6 +98,21 @@ def run_serve(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGINT, quiet[signal.SIGINT])
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def end_other_tokens_sessions(store: Store, settings: Settings) -> None:
+    """Rotating the token ends every login session: those opened under another token (or, with
+    no token now, every one) are marked revoked (the guard refuses them anyway)."""
+    from service.store.logins import LoginSessions, token_tag
+
+    logins = LoginSessions(store)
+    ended = (
+        logins.revoke_other_tokens(token_tag(settings.api_token))
+        if settings.api_token
+        else logins.revoke_all()
+    )
+    if ended:
+        out.print(f"revoked {ended} login session(s) of another token")
 
 
 def _interrupt(signum: int, frame: object) -> None:

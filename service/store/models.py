@@ -203,3 +203,21 @@ class SqlSpectrum(Base):
     epoch: Mapped[int] = mapped_column(Integer, primary_key=True)
     shape: Mapped[list] = mapped_column(JSON)  # [rows, columns]
     data: Mapped[bytes] = mapped_column(LargeBinary)  # little-endian float64, C order
+
+
+class SqlLoginSession(Base):
+    """A dashboard login (service/store/logins.py): the cookie holds a random key, this row its
+    SHA-256 (a copy of the table opens no session), the tag of the token it was opened with
+    (another token ends it), its times, and its revocation (logout, `isosweep sessions`)."""
+
+    __tablename__ = "login_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_tag: Mapped[str] = mapped_column(String(64))
+    client: Mapped[str | None] = mapped_column(String(64))  # the address it logged in from
+    user_agent: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -75,3 +75,113 @@ def test_the_token_is_checked_before_the_body(start_api):
     api = start_api(api_token=TOKEN, max_body_bytes=100)
     r = api.post("/sweeps", content=b"x" * 1000)
     assert r.status_code == 401
+
+
+# --- login sessions (server-side, revocable) ---------------------------------------------------
+
+SAME = {"Sec-Fetch-Site": "same-origin"}
+
+
+def _log_in(base: str, token: str = TOKEN) -> str:
+    """POST /login with the token; the session cookie's value."""
+    import httpx
+
+    r = httpx.post(f"{base}/login", data={"token": token, "next": "/"}, headers=SAME)
+    assert r.status_code == 303, r.text
+    return r.cookies["isosweep_session"]
+
+
+def _with(cookie: str) -> dict[str, str]:
+    return {"Cookie": f"isosweep_session={cookie}", **SAME}
+
+
+def test_a_copied_cookie_dies_with_its_session_at_logout(start_api):
+    """The audit's case: a copy of the cookie kept reading and writing after logout. Now the
+    cookie names a server-side session, and logout revokes it: every copy is refused."""
+    import httpx
+
+    api = start_api(api_token=TOKEN)
+    cookie = _log_in(api.url)
+    copy = dict(_with(cookie))
+    assert httpx.get(f"{api.url}/api/v1/sweeps", headers=copy).status_code == 200
+    r = httpx.post(f"{api.url}/api/v1/sweeps", json=spec(), headers=copy)
+    assert r.status_code == 201
+    out = httpx.post(f"{api.url}/logout", headers=_with(cookie))
+    assert out.status_code == 303
+    assert httpx.get(f"{api.url}/api/v1/sweeps", headers=copy).status_code == 401
+    assert httpx.post(f"{api.url}/api/v1/sweeps", json=spec(), headers=copy).status_code == 401
+    page = httpx.get(f"{api.url}/", headers=copy)
+    assert page.status_code == 303 and page.headers["location"].startswith("/login")
+    assert api.store.list_sweeps()[1] == 1  # the refused write wrote nothing
+    assert len(cookie) >= 40 and cookie != _log_in(api.url)  # random, one per login
+
+
+def test_sessions_are_stored_listed_revoked_and_expire(start_api):
+    import httpx
+
+    from service.store.logins import LoginSessions
+
+    api = start_api(api_token=TOKEN, session_ttl_s=3600)
+    first, second = _log_in(api.url), _log_in(api.url)
+    logins = LoginSessions(api.store)
+    listed = logins.list()
+    assert [s.id for s in listed] == [1, 2]
+    for s in listed:
+        assert s.revoked_at is None and s.client == "127.0.0.1"
+        assert s.created_at <= s.last_used_at < s.expires_at
+        assert abs((s.expires_at - s.created_at).total_seconds() - 3600) < 1
+    assert first not in repr(listed) and TOKEN not in repr(listed)  # only a hash is stored
+    assert logins.revoke(1) is True and logins.revoke(1) is False  # once
+    assert httpx.get(f"{api.url}/api/v1/sweeps", headers=_with(first)).status_code == 401
+    assert httpx.get(f"{api.url}/api/v1/sweeps", headers=_with(second)).status_code == 200
+    from datetime import UTC, datetime
+
+    from sqlalchemy import update
+
+    from service.store.models import SqlLoginSession
+
+    with api.store.engine.begin() as conn:  # its expiry passes
+        past = datetime(2020, 1, 1, tzinfo=UTC)
+        conn.execute(update(SqlLoginSession).where(SqlLoginSession.id == 2).values(expires_at=past))
+    assert httpx.get(f"{api.url}/api/v1/sweeps", headers=_with(second)).status_code == 401
+    assert [s.active for s in logins.list()] == [False, False]
+
+
+def test_a_new_token_ends_every_session(start_api, database_url):
+    """Sessions carry a tag of the token they were opened with: a server restarted with another
+    token refuses them all, and `revoke_other_tokens` (serve, at start) marks them revoked."""
+    import httpx
+
+    from service.store.logins import LoginSessions, token_tag
+
+    api = start_api(api_token=TOKEN)
+    cookie = _log_in(api.url)
+    again = start_api(api_token="another-token")  # the same database, a rotated token
+    assert httpx.get(f"{again.url}/api/v1/sweeps", headers=_with(cookie)).status_code == 401
+    logins = LoginSessions(again.store)
+    assert logins.revoke_other_tokens(token_tag("another-token")) == 1
+    assert [s.active for s in logins.list()] == [False]
+    assert httpx.get(f"{api.url}/api/v1/sweeps", headers=_with(cookie)).status_code == 401
+
+
+def test_the_sessions_command_lists_and_revokes(start_api, capsys):
+    import httpx
+
+    from api.cli.main import main
+    from service.store.logins import LoginSessions
+
+    api = start_api(api_token=TOKEN)
+    cookie = _log_in(api.url)
+    _log_in(api.url)
+    url = api.settings.database_url
+    assert main(["sessions", "list", "--database-url", url]) == 0
+    shown = capsys.readouterr().out
+    assert "127.0.0.1" in shown and "active" in shown and cookie not in shown
+    assert main(["sessions", "revoke", "1", "--database-url", url]) == 0
+    assert httpx.get(f"{api.url}/api/v1/sweeps", headers=_with(cookie)).status_code == 401
+    assert main(["sessions", "revoke", "--all", "--database-url", url]) == 0
+    assert "1 session" in capsys.readouterr().out
+    assert not any(s.active for s in LoginSessions(api.store).list())
+    with pytest.raises(SystemExit) as exit_:
+        main(["sessions", "revoke", "99", "--database-url", url])
+    assert exit_.value.code == 1 and "no session 99" in capsys.readouterr().err

@@ -199,3 +199,84 @@ def test_one_default_metric_per_kind_for_rest_and_dashboard(serve):
     assert default_metric("theory_overlay", {"parameters": {}}) == "isometry_gap/norm"
     assert default_metric("theory_overlay") == DEFAULT_METRIC["theory_overlay"]
     assert set(DEFAULT_METRIC) == set(PLOT_KINDS)
+
+
+# --- throttling of failed logins (api.limits.Throttle) -----------------------------------------
+
+
+def test_failed_logins_are_throttled_per_address_with_retry_after(start_api):
+    """The audit's case: 300 wrong guesses in a second, never a 429. Now the N-th failure from an
+    address within the window is the last one compared: then 429 with Retry-After, even for the
+    right token (nothing is compared while throttled)."""
+    import httpx
+
+    api = start_api(api_token="right-token", login_failures_per_address=5, login_window_s=600)
+    same = {"Sec-Fetch-Site": "same-origin"}
+    codes = [
+        httpx.post(f"{api.url}/login", data={"token": f"guess-{i}"}, headers=same).status_code
+        for i in range(8)
+    ]
+    assert codes == [401] * 5 + [429] * 3
+    r = httpx.post(f"{api.url}/login", data={"token": "right-token"}, headers=same)
+    assert r.status_code == 429 and "set-cookie" not in r.headers
+    assert 1 <= int(r.headers["retry-after"]) <= 600
+    assert "too many failed" in r.text
+    # a wrong bearer token on the API counts (and is refused) the same way
+    r = httpx.get(f"{api.url}/api/v1/sweeps", headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["type"] == "too_many_requests"
+
+
+def test_the_throttle_counts_per_key_and_in_all_and_forgets_after_the_window():
+    from api.limits import Throttle
+
+    now = [1000.0]
+    t = Throttle(per_key=3, total=5, window_s=10.0, clock=lambda: now[0])
+    for _ in range(3):
+        assert t.retry_after("a") is None
+        t.failed("a")
+    assert t.retry_after("a") == 10  # the oldest failure leaves the window in 10 s
+    assert t.retry_after("b") is None
+    t.failed("b")
+    t.failed("b")
+    assert t.retry_after("c") == 10  # 5 failures in all: every address waits
+    now[0] += 4.0
+    assert t.retry_after("c") == 6
+    now[0] += 6.0  # the window has passed: all forgotten
+    assert t.retry_after("a") is None and t.retry_after("c") is None
+    t.failed("a")
+    t.succeeded("a")  # a success clears the address's own failures
+    assert t.retry_after("a") is None and len(t.failures("a")) == 0
+
+
+def test_the_throttle_keeps_a_bounded_number_of_addresses():
+    from api.limits import Throttle
+
+    t = Throttle(per_key=2, total=10**9, window_s=60.0, max_keys=100)
+    for i in range(1000):
+        t.failed(f"10.0.{i // 256}.{i % 256}")
+    assert t.keys() <= 100
+
+
+def test_a_write_route_can_be_rate_limited_with_the_same_mechanism():
+    """`rate_limited(name, per_key, total, window_s)`: a dependency any route can take; each
+    request counts, and past the bound it is a 429 with Retry-After in the one error shape."""
+    from fastapi import Depends, FastAPI
+    from fastapi.testclient import TestClient
+
+    from api.errors import install_error_handlers
+    from api.limits import rate_limited
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/things", dependencies=[Depends(rate_limited("things", 3, 100, 60.0))])
+    def make() -> dict:
+        return {"ok": True}
+
+    with TestClient(app) as client:
+        codes = [client.post("/things").status_code for _ in range(5)]
+        assert codes == [200, 200, 200, 429, 429]
+        r = client.post("/things")
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["type"] == "too_many_requests"

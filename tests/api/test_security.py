@@ -347,3 +347,70 @@ def test_log_in_once_then_read_and_cancel_in_chromium(start_api):
         assert page.url == f"{api.url}/"
         b.close()
     assert api.store.get_sweep(sid).status == "cancelled"
+
+
+# --- Content-Length bounds ----------------------------------------------------------------------
+
+
+def _raw(port: int, content_length: str | list[str], *, path: str = "/api/v1/sweeps") -> str:
+    """A POST with these Content-Length header(s) and no body, over a raw socket; the status
+    line of the answer. A server that waits for the announced body never answers: the socket's
+    timeout (generous, for a loaded machine; the answers measured come in milliseconds) fails
+    the test."""
+    import socket
+
+    values = [content_length] if isinstance(content_length, str) else content_length
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head += "".join(f"Content-Length: {v}\r\n" for v in values) + "\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head.encode("latin-1"))
+        try:
+            answer = s.recv(4096)
+        except TimeoutError:
+            return "no answer"
+    return answer.split(b"\r\n", 1)[0].decode("latin-1")
+
+
+def test_a_20_digit_content_length_is_answered_at_once(start_api):
+    """The audit's case: 20 digits were ignored by the guard, and the server waited for a body
+    that never came (no answer after 30 s), while 2000000 was a 413 at once."""
+    api = start_api(max_body_bytes=1000)
+    port = port_of(api)
+    assert _raw(port, "9" * 20).endswith("400 Bad Request")
+    assert _raw(port, "2000000").endswith("413 Request Entity Too Large")
+
+
+def test_every_content_length_that_is_not_a_bounded_count_is_refused_at_once(start_api):
+    """Huge values of every size (one digit more each time, well past 2**64) and malformed ones:
+    each is a 400 — or a 413 for a well-formed count over the body limit — never a wait."""
+    api = start_api(max_body_bytes=100)
+    port = port_of(api)
+    for digits in range(3, 41):  # 3 digits: 999 is over the 100-byte limit already
+        status = _raw(port, "9" * digits)
+        expected = "413 Request Entity Too Large" if digits <= 18 else "400 Bad Request"
+        assert status.endswith(expected), (digits, status)
+        if digits > 18:  # a small count, too long a numeral (a shorter one waits for 5 bytes)
+            assert _raw(port, "0" * (digits - 1) + "5").endswith("400 Bad Request"), digits
+    malformed = ["-1", "+5", "5a", "0x10", "1e3", "1_000", "1.0", "", " ", "5 5", "1,2",
+                 "\xb2", "-" + "9" * 25, "9" * 200]  # fmt: skip
+    for value in malformed:
+        assert _raw(port, value).endswith("400 Bad Request"), repr(value)
+    assert _raw(port, ["5", "6"]).endswith("400 Bad Request")  # two that disagree
+    assert api.get("/sweeps").json()["count"] == 0
+    r = api.post("/sweeps", json=spec())  # a true one still works
+    assert r.status_code == 201
+
+
+def test_the_content_length_check_answers_400_in_the_error_shape():
+    from starlette.testclient import TestClient
+
+    from api.app import create_app
+    from service.settings import Settings
+
+    app = create_app(Settings(database_url="sqlite://", allowed_hosts=["*"]), store=object())  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        r = client.post("/api/v1/sweeps", headers={"Content-Length": "9" * 30}, content=b"")
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "bad_request" and err["field"] == "Content-Length"
+    assert "bounded non-negative integer" in err["message"]
