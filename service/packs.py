@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 
 from service.config import TrialConfig, estimate_memory_bytes
-from service.errors import InvalidInput
 
 # The fields that may differ within a pack: they only set the initial parameters or the
 # optimizer's hyper-parameters. Every other field fixes the batched computation.
@@ -25,17 +23,6 @@ def pack_key(config: TrialConfig | dict) -> str:
     data = config.to_dict() if isinstance(config, TrialConfig) else config
     shared = {k: v for k, v in data.items() if k not in PER_MEMBER}
     return json.dumps(shared, sort_keys=True, separators=(",", ":"))
-
-
-def packs(configs: Sequence[TrialConfig], size: int) -> list[list[int]]:
-    """Indices of `configs` grouped by pack_key, in order, each group cut into packs of at most
-    `size` members."""
-    if size < 1:
-        raise InvalidInput(f"pack size must be ≥ 1, not {size}", field="pack")
-    groups: dict[str, list[int]] = {}
-    for i, c in enumerate(configs):
-        groups.setdefault(pack_key(c), []).append(i)
-    return [g[k : k + size] for g in groups.values() for k in range(0, len(g), size)]
 
 
 def auto_pack_size(config: TrialConfig, *, trials_left: int, slots: int) -> int:

@@ -1,4 +1,7 @@
-"""The compute side: the MLP, its measurements, datasets, training, and the Ray Tune runner."""
+"""The compute side (torch, Ray): the model families (workers/models: mlp, resmlp, cnn,
+transformer, a lab's registered module), their measurements (metrics, token metrics, gaps, the
+structure tracker, the input–output Jacobian), the datasets, training one trial or a pack of
+them, and the sweep driver on Ray Tune."""
 
 import os
 
