@@ -6,14 +6,8 @@ share the GPU) and on the 2-core CPU runner, printing trials/s and where each tr
     .venv/bin/python bench/gpu_sweep.py          # checks + the 64-trial sweep: ~3 minutes (H200)
     .venv/bin/python bench/gpu_sweep.py --all    # and the 1024-trial packed sweep: ≲ 8 minutes
 
-1. CUDA against CPU, in this process: the same configs through `workers.train.fit` on "cpu"
-   (one thread) and "cuda:0" — every family, float32 and float64 — epoch-0 records compared key
-   by key (CHECK_RTOL: 1e-4 relative for float32 losses, gaps and every other metric, accuracies
-   within one sample; 1e-9 for float64; non-finite entries where the CPU's are). TF32 is off
-   (workers.train.set_cuda_precision; ISOSWEEP_ALLOW_TF32 unset), else float32 matmuls keep 10
-   mantissa bits and these gaps move by ~1e-3. A trained epoch's gaps are printed, not checked
-   (rounding grows through training). A pack on CUDA against its members alone on CUDA: every
-   epoch-0 value ≤ 1e-6 relative (PACK_RTOL, the issue's bound).
+1. CUDA against CPU, and a pack on CUDA against its members alone: bench/gpu_engine.py's checks
+   (imported from it: the engine-only half of this script, for a GPU machine without Ray).
 2. The sweep (SWEEP: depth 100, width 128, 1 epoch on `gaussian`, seeds × 2 inits): packed
    (`pack` unset: the automatic size) and unpacked (`pack: 1`) on `gpu: 0.25`, and the first
    `--cpu-trials` of it on a local Ray of 2 CPUs without a GPU, packed and unpacked (the CPU
@@ -44,145 +38,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from gpu_engine import SWEEP, check_cuda_against_cpu, check_pack_on_cuda  # noqa: E402
 
 from service.spec import parse_spec  # noqa: E402
 
-SWEEP = {"depth": 100, "width": 128, "epochs": 1, "dataset": "gaussian"}
 GPU_SHARE = 0.25
-# configs checked CUDA against CPU at epoch 0: every family, and float64
-CHECKS: dict[str, dict[str, Any]] = {
-    "mlp d20 gaussian-init": dict(depth=20, width=64, dataset="digits", init="gaussian"),
-    "mlp d20 orthogonal": dict(depth=20, width=64, dataset="digits", init="orthogonal", seed=1),
-    "mlp d100 w128 (the sweep's)": dict(SWEEP, epochs=0, seed=2),
-    "mlp d20 layer-norm tanh": dict(
-        depth=20, width=64, dataset="digits", norm="layer", activation="tanh", seed=3
-    ),
-    "resmlp": dict(model="resmlp", depth=4, width=32, dataset="digits"),
-    "cnn": dict(model="cnn", depth=2, width=8, dataset="digits"),
-    "transformer": dict(
-        model="transformer", depth=2, width=16, heads=2, norm="layer", dataset="digits"
-    ),
-    "mlp d20 float64": dict(depth=20, width=64, dataset="digits", dtype="float64"),
-}
-CHECK_RTOL = {"float32": 1e-4, "float64": 1e-9}
-CHECK_ATOL = 1e-6  # values near zero (mean cosines, …): an absolute floor, float32
-ACC_ATOL = 1 / 300  # an accuracy: one sample of a few hundred may flip on a near-tie
-PACK_RTOL = 1e-6  # a pack's batched epoch-0 losses against its members alone
-SKIP = {"epoch", "epoch_time_s", "diverged"}
-
-
-def numeric(rec: dict[str, Any]) -> dict[str, np.ndarray]:
-    out = {}
-    for k, v in rec.items():
-        if k in SKIP or isinstance(v, bool | str) or v is None:
-            continue
-        out[k] = np.asarray(v, dtype=np.float64)
-    return out
-
-
-def rel_gap(a: np.ndarray, b: np.ndarray, atol: float) -> tuple[float, bool]:
-    """max |a − b| / (|b| + atol) over finite entries, and whether the non-finite entries agree."""
-    same_pattern = bool(np.array_equal(np.isfinite(a), np.isfinite(b)))
-    fin = np.isfinite(a) & np.isfinite(b)
-    if not fin.any():
-        return 0.0, same_pattern
-    return float(np.max(np.abs(a[fin] - b[fin]) / (np.abs(b[fin]) + atol))), same_pattern
-
-
-# --- 1. CUDA against CPU ------------------------------------------------------------------------
-
-
-def check_cuda_against_cpu() -> list[str]:
-    """Epoch-0 (and one trained epoch, printed only) of each CHECKS config on cpu and cuda:0;
-    the failures."""
-    from service.config import TrialConfig
-    from workers.train import fit
-
-    print("\n## 1. CUDA against CPU (workers.train.fit, epoch 0; CPU on one thread)")
-    failures = []
-    for label, params in CHECKS.items():
-        config = TrialConfig(**{"epochs": 0, **params})
-        cpu = numeric(next(iter(fit(config, threads=1))))
-        cuda = numeric(next(iter(fit(config, device="cuda:0"))))
-        if cpu.keys() != cuda.keys():
-            failures.append(f"CUDA vs CPU, {label}: fields {sorted(cpu.keys() ^ cuda.keys())}")
-            continue
-        rtol = CHECK_RTOL[config.dtype]
-        atol = CHECK_ATOL if config.dtype == "float32" else 1e-12
-        worst, worst_key, bad, singular = 0.0, "", [], 0.0
-        for key, want in cpu.items():
-            got = cuda[key]
-            if got.shape != want.shape:
-                bad.append(f"{key} (shape {got.shape} ≠ {want.shape})")
-                continue
-            if key.startswith("range_isometry_gap/"):
-                # where the Gram is structurally singular (isometry_gap +inf) a conservative rank
-                # bound can count an eigenvalue at rounding level: that range gap is rounding
-                # (tests/workers/test_packed.py holds packs to the same rule); shown apart
-                full = np.isfinite(cpu[key.replace("range_", "", 1)])
-                singular = max(singular, rel_gap(got[~full], want[~full], atol)[0])
-                got, want = got[full], want[full]
-            gap, same = rel_gap(got, want, atol)
-            limit = ACC_ATOL if key.endswith("_acc") else rtol
-            if key.endswith("_acc"):
-                gap = float(np.max(np.abs(cuda[key] - want)))  # absolute, a count's share
-            if not same or gap > limit:
-                bad.append(f"{key} ({'non-finite differ' if not same else f'{gap:.2e}'})")
-            if not key.endswith("_acc") and gap > worst:
-                worst, worst_key = gap, key
-        status = "ok" if not bad else "FAIL " + ", ".join(bad[:6])
-        print(
-            f"  {label:28s} max rel gap {worst:.2e} ({worst_key}); tolerance {rtol:g}: {status}"
-            f"; range gaps of singular Grams, not checked: {singular:.1e}"
-        )
-        if bad:
-            failures.append(f"CUDA vs CPU, {label}: {', '.join(bad)}")
-    trained = TrialConfig(depth=20, width=64, dataset="digits", epochs=1)
-    a, b = (numeric(list(fit(trained, device=d, threads=1))[-1]) for d in ("cpu", "cuda:0"))
-    gaps = {k: rel_gap(b[k], v, CHECK_ATOL)[0] for k, v in a.items() if not k.endswith("_acc")}
-    top = sorted(gaps.items(), key=lambda kv: -kv[1])[:3]
-    print(
-        "  after 1 trained epoch (mlp d20, printed only): largest rel gaps "
-        + ", ".join(f"{k} {v:.2e}" for k, v in top)
-    )
-    return failures
-
-
-def check_pack_on_cuda() -> list[str]:
-    """4 members of the sweep's shape packed on cuda:0 against each alone on cuda:0, epoch 0:
-    every value within PACK_RTOL (the pack's forward, backward and factorizations are batched
-    kernels: bit-identical only where they round alike)."""
-    from service.config import TrialConfig
-    from workers.packed import fit_packed
-    from workers.train import fit
-
-    print("\n## 1b. A pack on CUDA against its members alone on CUDA (epoch 0)")
-    configs = [
-        TrialConfig(**{**SWEEP, "epochs": 0}, seed=s, init=("gaussian", "orthogonal")[s % 2])
-        for s in range(4)
-    ]
-    packed: dict[int, dict[str, Any]] = {}
-    for i, rec in fit_packed(configs, device="cuda:0"):
-        packed.setdefault(i, numeric(rec))
-    failures, identical, total, worst, worst_key = [], 0, 0, 0.0, ""
-    for i, c in enumerate(configs):
-        alone = numeric(next(iter(fit(c, device="cuda:0"))))
-        for key, want in alone.items():
-            got = packed[i][key]
-            total += 1
-            identical += got.tobytes() == want.tobytes()
-            gap, same = rel_gap(got, want, 0.0)
-            if gap > worst:
-                worst, worst_key = gap, key
-            if gap > PACK_RTOL or not same:
-                failures.append(f"pack on CUDA, member {i}: {key} {gap:.2e}")
-    print(
-        f"  bit-identical: {total and identical} of {total} record fields; max rel gap "
-        f"{worst:.2e} ({worst_key}); bound {PACK_RTOL:g}: {'FAIL' if failures else 'ok'}"
-    )
-    return failures
 
 
 # --- 2. sweeps through the runner ---------------------------------------------------------------
