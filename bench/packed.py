@@ -125,7 +125,7 @@ def run_runner(body: dict[str, Any]) -> dict[str, float]:
         records, offset = 0, 0
         while True:
             page, total = store.list_trials(sweep.id, offset=offset, limit=100)
-            records += sum(t.epochs_done for t in page)
+            records += sum(t.records_done for t in page)
             offset += len(page)
             if offset >= total or not page:
                 break

@@ -83,7 +83,7 @@ def run_runner(spec: dict[str, Any], db: Path) -> tuple[float, float, int]:
         runner.shutdown()
         assert info is not None and info.status == "completed", info
         trials, _ = store.list_trials(sweep.id)
-        return elapsed, ray_s, sum(t.epochs_done for t in trials)
+        return elapsed, ray_s, sum(t.records_done for t in trials)
 
 
 def timed(side: str, spec: dict[str, Any]) -> tuple[float, int]:

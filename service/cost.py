@@ -446,6 +446,58 @@ def estimate_spec(spec: Any, throughput: Throughput | None = None) -> CostEstima
     return estimate(expand(spec), throughput or default_throughput(kind), resources)
 
 
+# --- searches whose trials are not known up front -------------------------------------------
+
+SEARCH_POINTS = 16  # points of the distributions an adaptive search's per-trial cost averages
+
+
+def search_shapes(spec: Any) -> Counter[Shape]:
+    """The shapes of an adaptive (TPE) search's planned trials, before any is asked: for each grid
+    cell, search.n × seeds trials spread evenly over SEARCH_POINTS points of the sampled
+    parameters (numpy's Generator, seed 0: the distributions' spread, as a random search would
+    draw them), so that the estimate is n × the per-trial estimate averaged over the
+    distributions. `spec`: a SweepSpec, or a stored one (its JSON dump). Empty for a spec
+    without an adaptive search."""
+    import json
+
+    data = spec.model_dump(mode="json") if hasattr(spec, "model_dump") else dict(spec)
+    if (data.get("search") or {}).get("kind") != "tpe":
+        return Counter()
+    return Counter(dict(_search_shapes(json.dumps(data, sort_keys=True))))
+
+
+@lru_cache(maxsize=256)
+def _search_shapes(text: str) -> tuple[tuple[Shape, int], ...]:
+    import itertools
+    import json
+
+    import numpy as np
+
+    from service.config import parse_trial_config
+    from service.spec import SweepSpec
+
+    data = json.loads(text)
+    spec = SweepSpec.model_construct(**data)
+    sampled = spec.sampled
+    names = sorted(sampled)
+    u = np.random.default_rng(0).random((SEARCH_POINTS, len(names)))  # (M, k)
+    points = [
+        {n: sampled[n].value(float(u[i, j])) for j, n in enumerate(names)}
+        for i in range(SEARCH_POINTS)
+    ]
+    seeds = data.get("seeds", 1)
+    per_cell = int(data["search"]["n"]) * (seeds if isinstance(seeds, int) else len(seeds))
+    out: Counter[Shape] = Counter()
+    for values in itertools.product(*spec.axes.values()):
+        cell = {**spec.fixed, **dict(zip(spec.axes, values, strict=True))}
+        for i, point in enumerate(points):
+            # per_cell trials over the points: point i gets its share (the first ones one more)
+            k = per_cell // SEARCH_POINTS + (i < per_cell % SEARCH_POINTS)
+            if k:
+                out[shape_of(parse_trial_config({**cell, **point}))] += k
+    return tuple(out.items())
+
+
 # --- formatting ---------------------------------------------------------------------------
 
 

@@ -237,8 +237,8 @@ class RunProgress(SweepProgress):
         """`t` is handed to Tune: listed, queued, until it finishes."""
         self.base_counts[t.status] -= 1
         self.status[t.id] = TrialStatus.QUEUED
-        self.expected[t.id] = t.epochs_total
-        self.unfed_epochs = max(self.unfed_epochs - t.epochs_total, 0)
+        self.expected[t.id] = t.records_total
+        self.unfed_epochs = max(self.unfed_epochs - t.records_total, 0)
 
     def fold(self, trial_id: int) -> None:
         """A finished trial leaves the lists for the totals."""

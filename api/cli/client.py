@@ -29,7 +29,7 @@ from typing import Any
 from rich.markup import escape
 
 from api.cli.common import CommandError, err, out
-from api.cli.display import format_eta, number, print_trials, styled, table
+from api.cli.display import format_eta, number, print_trials, styled, table, trial_fields
 from api.cli.run import EXIT_CANCELLED, EXIT_COMPLETED, EXIT_FAILED, EXIT_INTERRUPTED
 from isosweep.client import (
     DEFAULT_API_URL,
@@ -460,9 +460,7 @@ def print_sweep(s: dict[str, Any]) -> None:
 
 
 def print_trials_page(sweep: dict[str, Any], page: dict[str, Any]) -> None:
-    params = sweep["spec"].get("parameters", {})
-    fields = [k for k, v in params.items() if isinstance(v, list)] + ["seed"]
-    print_trials(page["data"], fields, total=page["count"])
+    print_trials(page["data"], trial_fields(sweep["spec"]), total=page["count"])
 
 
 def print_rows(page: dict[str, Any]) -> None:

@@ -108,6 +108,22 @@ def table(title: str | None, columns: Iterable[str]):
     return t
 
 
+def trial_fields(spec: dict[str, Any]) -> list[str]:
+    """The trial table's config columns for a sweep (its stored spec): every field it varies in
+    the spec's order — grid axes and sampled (random, Sobol, TPE) parameters — then `seed`."""
+    from service.spec import swept_fields_of
+
+    return swept_fields_of(spec)
+
+
+def config_cell(value: Any) -> str:
+    """A config value in the trial table: floats (a sampled learning rate) to 6 significant
+    digits, the rest as written."""
+    if isinstance(value, float):
+        return number(value)
+    return escape(str(value))
+
+
 def print_trials(
     trials: list[dict[str, Any]],
     fields: list[str],
@@ -122,12 +138,12 @@ def print_trials(
     columns = ["trial", *fields, "status", *(["tries"] if retried else []), "epoch"]
     t = table(title, [*columns, *TRIAL_METRICS, "diverged", "error"])
     for tr in trials:
-        epoch = "-" if tr["last_epoch"] is None else str(tr["last_epoch"])
         t.add_row(
-            str(tr["id"]), *(escape(str(tr["config"].get(f))) for f in fields),
+            str(tr["id"]), *(config_cell(tr["config"].get(f)) for f in fields),
             styled(tr["status"]) + ("*" if tr["results_from"] else ""),
             *([str(tr["attempts"])] if retried else []),
-            f"{epoch}/{tr['config']['epochs']}",
+            # epochs trained (0 is the untrained network's record), of the run's: 8/8
+            f"{'-' if tr['last_epoch'] is None else tr['epochs_done']}/{tr['epochs_total']}",
             *(number(tr["summary"].get(m)) for m in TRIAL_METRICS),
             "" if tr["diverged_epoch"] is None else str(tr["diverged_epoch"]),
             escape((tr["error"] or "")[:60]),

@@ -16,6 +16,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
@@ -29,6 +30,8 @@ from service.config import METRICS, SCALAR_METRICS, TrialConfig
 from service.errors import InvalidInput, IsosweepError, NotFound
 from service.models import layer_metrics
 from service.plots import METRIC_LABELS, PLOT_KINDS
+from service.plots.defaults import family_gap, preferred_gaps
+from service.search.best import best_trial
 from service.store import Store, TrialInfo
 from service.store.models import SWEEP_STATUSES
 
@@ -144,7 +147,8 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
     sweep = store.get_sweep(parse_id(sweep_id, "sweep"))
     query = query_of(request)
     swept = v.axes(sweep.spec)
-    table = v.table_query(query, list(swept))
+    fields = v.trial_fields(sweep.spec)  # the table's columns: the axes and sampled parameters
+    table = v.table_query(query, fields)
     plot = v.plot_choice(query, swept, sweep.spec)
     rows, total, size = table_rows(store, sweep.id, table)
     path = f"/sweeps/{sweep.id}"
@@ -154,13 +158,16 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
         sweep=sweep,
         path=path,
         swept=swept,
+        fields=fields,
+        sampled=v.sampled(sweep.spec),
+        best=best_trial(store, sweep.id, sweep.spec),
         fixed=v.fixed(sweep.spec),
         table=table,
         rows=rows,
         total=total,
         pages=v.pages(total, table.page, size),
         page_link=lambda n: v.url(path, table.params(page=n) | plot),
-        header=sort_header(path, table, list(swept), plot),
+        header=sort_header(path, table, fields, plot),
         columns=v.SUMMARY_COLUMNS,
         plot=plot,
         plot_src=v.plot_url(sweep.id, plot, table.where),
@@ -245,7 +252,7 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
             "full": v.plot_url(sweep.id, p, trial=trial.id, fmt="png"),
             "alt": f"{p.get('metric', 'training curves')} of trial {trial.id}",
         }
-        for p in trial_plots(recorded, trial.config)
+        for p in trial_plots(recorded, trial.config, stored_finite(store, trial.id))
     ]
     return render(
         "trial.html",
@@ -272,31 +279,70 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
 
 # --- parts ------------------------------------------------------------------------------------
 
-# The isometry gap a trial page draws first: the activation's (MLP, CNN), else the residual
-# stream's (ResMLP has both; a transformer only the stream and its sublayers), else the first.
-GAP_PREFERENCE = ("isometry_gap/act", "isometry_gap/residual")
-
 
 def recorded_layer_metrics(config: dict[str, Any]) -> tuple[str, ...]:
     """The per-layer metrics a trial's model records (service.models.layer_metrics), in
     LAYER_METRICS' order; a stored config that no longer validates gets the MLP's."""
+    return layer_metrics(trial_config(config))
+
+
+def trial_config(config: dict[str, Any]) -> TrialConfig:
     try:
-        return layer_metrics(TrialConfig.model_validate(config))
+        return TrialConfig.model_validate(config)
     except (ValueError, TypeError):  # pydantic's ValidationError is a ValueError
-        return layer_metrics(TrialConfig())
+        return TrialConfig()
 
 
-def trial_plots(recorded: tuple[str, ...], config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The trial page's plots, one per row: its isometry gap and gradient norm over layers, the
-    token gap for a transformer, and the training curves unless it is init-only (epochs 0, whose
-    page says so instead of drawing an axes with one point)."""
-    gaps = [m for m in recorded if m.startswith("isometry_gap/")]
-    gap = next((m for m in GAP_PREFERENCE if m in gaps), gaps[0] if gaps else None)
+def first_gap(
+    recorded: tuple[str, ...], config: dict[str, Any], finite: Callable[[str], bool | None]
+) -> str | None:
+    """The isometry gap a trial page draws first: of the family's gaps and then their range gaps
+    (service.plots.defaults.preferred_gaps), the first with a finite stored value; `finite(m)`
+    says whether m has one (None: nothing stored yet). Before anything is stored, the family's
+    choice for its shape (a range gap where n > d makes every gap +∞); where no gap has a
+    finite value, the family's first gap (its +∞ pinned and counted)."""
+    order = preferred_gaps(recorded)
+    if not order:
+        return None
+    stored = False
+    for m in order:
+        has = finite(m)
+        stored = stored or has is not None
+        if has:
+            return m
+    if not stored:
+        return family_gap([trial_config(config)])
+    return order[0]
+
+
+def trial_plots(
+    recorded: tuple[str, ...],
+    config: dict[str, Any],
+    finite: Callable[[str], bool | None] = lambda m: None,
+) -> list[dict[str, Any]]:
+    """The trial page's plots, one per row: its first gap (first_gap) and gradient norm over
+    layers, the token gap for a transformer, and the training curves unless it is init-only
+    (epochs 0, whose page says so instead of drawing an axes with one point)."""
+    gap = first_gap(recorded, config, finite)
     chosen = [m for m in (gap, "grad_norm", "token_isometry_gap") if m and m in recorded]
     plots: list[dict[str, Any]] = [{"kind": "layer_profile", "metric": m} for m in chosen]
     if config.get("epochs") != 0:
         plots.append({"kind": "training_curves"})
     return plots
+
+
+def stored_finite(store: Store, trial_id: int) -> Callable[[str], bool | None]:
+    """finite(m) for first_gap: whether any stored value of the trial's metric m is finite
+    (None when none is stored)."""
+
+    def finite(metric: str) -> bool | None:
+        try:
+            _, values = store.trial_history(trial_id, metric)
+        except IsosweepError:  # too many points to weigh here: count it as drawable
+            return True
+        return bool(np.isfinite(values).any()) if values.size else None
+
+    return finite
 
 
 def sort_header(

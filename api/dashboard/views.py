@@ -18,7 +18,7 @@ from service.errors import InvalidInput
 from service.param_columns import param_of
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
 from service.plots.defaults import default_metric
-from service.spec import SweepSpec
+from service.spec import SweepSpec, swept_fields_of
 from service.status import TrialStatus, trials_finished
 from service.store import TrialInfo
 from service.store.models import TRIAL_STATUSES
@@ -110,6 +110,17 @@ def axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
     """The swept fields and their values, in the spec's order, then `seed`."""
     s = _stored(spec)
     return {**s.axes, "seed": s.seed_list}
+
+
+def trial_fields(spec: Mapping[str, Any]) -> list[str]:
+    """The trials table's config columns: every field the sweep varies, in the spec's order —
+    its grid axes and its sampled (random, Sobol, TPE) parameters — then `seed`."""
+    return swept_fields_of(spec)
+
+
+def sampled(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampled parameters and their distributions as the spec writes them."""
+    return {k: spec["parameters"][k] for k in _stored(spec).sampled}
 
 
 def fixed(spec: Mapping[str, Any]) -> dict[str, Any]:

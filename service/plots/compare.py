@@ -29,7 +29,7 @@ import pandas as pd
 from service.config import CONFIG_FIELDS, TrialConfig
 from service.errors import InvalidInput
 from service.plots import FORMATS, render
-from service.plots.defaults import default_metric
+from service.plots.defaults import default_metric_of
 from service.plots.select import check_choice, fmt_value
 from service.plots.stored import EpochArg, epochs_to_read, layers_to_read
 from service.spec import swept_fields_of
@@ -179,8 +179,10 @@ def check_compare_kind(kind: str) -> None:
 
 
 def compare_metric(store: Store, sweep_ids: Sequence[int], kind: str) -> str | list[str]:
-    """The kind's default metric (service.plots.defaults) for the first compared sweep."""
-    return default_metric(kind, store.get_sweep(check_sweep_ids(sweep_ids)[0]).spec)
+    """The kind's default metric (service.plots.defaults) for the compared sweeps together: one
+    their families record."""
+    specs = [store.get_sweep(i).spec for i in check_sweep_ids(sweep_ids)]
+    return default_metric_of(kind, specs)
 
 
 TITLES = {

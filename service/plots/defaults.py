@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 DEFAULT_METRIC: dict[str, str | list[str]] = {
@@ -16,13 +16,118 @@ DEFAULT_METRIC: dict[str, str | list[str]] = {
 
 
 def default_metric(kind: str, spec: Mapping[str, Any] | None = None) -> str | list[str]:
-    """DEFAULT_METRIC[kind] for a sweep (its stored spec, or None). A sweep whose norm is
-    `none` records no `isometry_gap/norm`, so its theory overlay draws `isometry_gap/act`.
-    [] for an unknown kind (make_plot names the kinds)."""
+    """The metric `kind` draws for a sweep (its stored spec, or None) when none is asked for:
+    DEFAULT_METRIC[kind] where the sweep's family records it, else one it does (family_gap).
+    A sweep whose norm is `none` records no `isometry_gap/norm`, so its theory overlay draws the
+    same gap as its layer profile. [] for an unknown kind (make_plot names the kinds)."""
+    return default_metric_of(kind, [spec])
+
+
+def default_metric_of(kind: str, specs: Iterable[Mapping[str, Any] | None]) -> str | list[str]:
+    """default_metric for several sweeps drawn together (a comparison): their shapes pooled."""
+    if kind not in DEFAULT_METRIC:
+        return []
+    configs = [c for spec in specs for c in sweep_configs(spec)]
+    if kind in ("layer_profile", "heatmap"):
+        return family_gap(configs)
+    if kind == "theory_overlay":
+        from service.models import layer_metrics
+
+        metric = DEFAULT_METRIC[kind]
+        return metric if all(metric in layer_metrics(c) for c in configs) else family_gap(configs)
+    return DEFAULT_METRIC[kind]
+
+
+# The gap a figure draws first, by family: the activation's (mlp, cnn), else the residual
+# stream's (resmlp has both; a transformer only the stream and its sublayers), else a registered
+# model's tapped output; then any other recorded gap.
+GAP_PREFERENCE: tuple[str, ...] = (
+    "isometry_gap/act",
+    "isometry_gap/residual",
+    "isometry_gap/output",
+    "isometry_gap/norm",
+    "isometry_gap/linear",
+    "isometry_gap/attn",
+    "isometry_gap/mlp",
+)
+SHAPE_FIELDS = ("model", "norm", "mlp_ratio", "batch_size", "width", "dataset")
+MAX_SHAPES = 256  # configurations weighed by sweep_recorded (the first ones, in spec order)
+
+
+def preferred_gaps(recorded: Iterable[str]) -> list[str]:
+    """The isometry gaps (then range gaps) among `recorded`, in the order a page tries them:
+    GAP_PREFERENCE's, each kind's gap before its range gap."""
+    have = set(recorded)
+    gaps = [m for m in GAP_PREFERENCE if m in have]
+    gaps += sorted(m for m in have if m.startswith("isometry_gap/") and m not in gaps)
+    return gaps + [f"range_{m}" for m in gaps if f"range_{m}" in have]
+
+
+def singular_by_shape(config: Any) -> bool:
+    """Whether every tap's sample Gram of a trial is singular by its shape alone: more probe
+    samples than a tap has features (n > d: rank ≤ d < n), so each of its isometry gaps is +∞
+    at every layer and epoch, and the range gap carries the finite value (docs/models.md). A
+    registered model's tap width is its own: never assumed."""
+    from service.config import DATASET_IMAGES
+
+    if config.model == "cnn":
+        _, _, h, w = DATASET_IMAGES[config.dataset]
+        features = config.width * h * w
+    elif config.model in ("mlp", "resmlp", "transformer"):
+        features = config.width
+    else:
+        return False
+    return bool(config.batch_size > features)
+
+
+def sweep_configs(spec: Mapping[str, Any] | None) -> list[Any]:
+    """TrialConfigs (unvalidated, model_construct) of the sweep's shapes: each combination of
+    the values SHAPE_FIELDS take in the spec (a grid axis' values, a sampled choice's values, a
+    sampled range's ends), the others at their defaults; at most MAX_SHAPES of them."""
+    import itertools
+
+    from service.config import TrialConfig
+
     parameters = (spec or {}).get("parameters") or {}
-    if kind == "theory_overlay" and parameters.get("norm") in ("none", ["none"]):
-        return "isometry_gap/act"
-    return DEFAULT_METRIC.get(kind, [])
+    options: dict[str, list[Any]] = {}
+    for name in SHAPE_FIELDS:
+        if name in parameters:
+            options[name] = _values_of(parameters[name])
+    combos = itertools.islice(itertools.product(*options.values()), MAX_SHAPES)
+    return [TrialConfig.model_construct(**dict(zip(options, c, strict=True))) for c in combos]
+
+
+def _values_of(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return list(value) or [None]
+    if isinstance(value, dict):
+        from service import sampling
+
+        try:
+            d = sampling.distribution_of(value)
+        except (KeyError, TypeError, ValueError):
+            return [value]
+        if isinstance(d, sampling.Choice):
+            return list(d.values)
+        return [d.value(0.0), d.top]
+    return [value]
+
+
+def family_gap(configs: list[Any]) -> str:
+    """The gap a layer profile and heatmap draw by default for trials of these shapes
+    (sweep_configs): of preferred_gaps, the first that every shape records (else the one most
+    record), and its range gap where every shape is singular by its shape (n > d: each gap +∞
+    everywhere)."""
+    from service.models import layer_metrics
+
+    recorded = [frozenset(layer_metrics(c)) for c in configs]
+    gaps = [m for m in preferred_gaps(frozenset().union(*recorded)) if not m.startswith("range_")]
+    if not gaps:
+        return str(DEFAULT_METRIC["layer_profile"])
+    gap = max(gaps, key=lambda m: (sum(m in r for r in recorded), -gaps.index(m)))
+    if all(singular_by_shape(c) for c in configs) and all(f"range_{gap}" in r for r in recorded):
+        return f"range_{gap}"
+    return gap
 
 
 def log_pooled(metric: str) -> bool:

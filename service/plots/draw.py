@@ -289,12 +289,40 @@ def _below(fig: FittedFigure, spec: _Legend, renderer: Any, width: float) -> Non
 
 
 def palette(labels: list[str], sequential: bool) -> dict[str, tuple]:
-    """Colours per line: ordered (viridis) for a numeric key such as epoch or depth, else tab10."""
+    """Colours per line: ordered (viridis) for a numeric key such as epoch or depth, else tab10
+    (past its 10 colours they repeat, and line_styles tells the repeats apart)."""
     if sequential and len(labels) > 1:
         cmap = matplotlib.colormaps["viridis"]
         return {lab: cmap(0.9 * i / (len(labels) - 1)) for i, lab in enumerate(labels)}
     cycle = matplotlib.colormaps["tab10"].colors  # type: ignore[attr-defined]  # a ListedColormap
     return {lab: cycle[i % len(cycle)] for i, lab in enumerate(labels)}
+
+
+# (line style, marker) of a line's k-th use of its colour: the first solid with dots, then
+# others, so that lines sharing a colour differ in both. "--" is left out: a theory prediction's
+# dashed line is drawn in its measurement's colour.
+LINE_STYLES: tuple[tuple[Any, str], ...] = (
+    ("-", "o"),
+    ("-.", "s"),
+    (":", "^"),
+    ((0, (6, 2, 1, 2, 1, 2)), "D"),
+    ((0, (1, 3)), "v"),
+    ((0, (8, 3)), "P"),
+)
+
+
+def line_styles(colors: dict) -> dict[str, dict[str, Any]]:
+    """The style of each line of `colors` (label → colour, in drawing order): the k-th line of a
+    colour gets LINE_STYLES[k], so (colour, style) pairs stay distinct for up to
+    len(LINE_STYLES) × the palette's colours lines (60 with tab10)."""
+    seen: Counter = Counter()
+    out = {}
+    for label, color in colors.items():
+        key = mcolors.to_hex(color, keep_alpha=True) if color is not None else None
+        linestyle, marker = LINE_STYLES[seen[key] % len(LINE_STYLES)]
+        seen[key] += 1
+        out[label] = {"linestyle": linestyle, "marker": marker}
+    return out
 
 
 def draw_lines(
@@ -310,11 +338,13 @@ def draw_lines(
     """Each line: its drawable points joined, its band shaded, the others pinned: non-finite
     values, and on a log y axis (`ylog`) values ≤ 0 (a geometric mean of seeds with a 0)."""
     pinned: Counter = Counter()
+    styles = line_styles(colors)
     for label, s in lines.items():
         x = s["x"].to_numpy(dtype=float)  # (k,)
         m = s[y].to_numpy(dtype=float)  # (k,)
         c = colors.get(label, "black")
-        style = dict(linestyle="--", marker=None) if dashed else dict(marker="o", ms=3)
+        own = styles.get(label, {"linestyle": "-", "marker": "o"})
+        style = dict(linestyle="--", marker=None) if dashed else dict(**own, ms=3)
         shown = np.isfinite(m) & ((m > 0) if ylog else True)
         ax.plot(x, np.where(shown, m, np.nan), color=c, label=label, **style)
         if "lo" in s and np.isfinite(s["lo"]).any():

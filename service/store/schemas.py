@@ -59,8 +59,17 @@ class TrialInfo(BaseModel):
     error: str | None
     started_at: datetime | None
     finished_at: datetime | None
-    epochs_done: int  # records written by the current (or reused) run
-    epochs_total: int  # records a full run writes: len(config.recorded_epochs)
+    epochs_done: int = Field(
+        description="epochs trained by the stored records of the current (or reused) run: its "
+        "last recorded epoch, 0 before any (epoch 0 is the untrained network's record)"
+    )
+    epochs_total: int = Field(description="epochs a full run trains: config.epochs")
+    records_done: int = Field(
+        description="records stored by the current (or reused) run, epoch 0's included"
+    )
+    records_total: int = Field(
+        description="records a full run writes: len(config.recorded_epochs), epoch 0 included"
+    )
     last_epoch: int | None  # highest epoch stored
     diverged_epoch: int | None
     results_from: int | None = Field(description="the trial whose stored results this reuses")

@@ -48,6 +48,8 @@ def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
     key = itemgetter(*cost.COST_FIELDS)
     counts = Counter(key(t) for t in trials if t["config_hash"] not in reuse)
     own = Counter({cost.Shape(*k): n for k, n in counts.items()})
+    if spec.adaptive:  # its trials are asked later: the planned ones, at their expected cost
+        own = cost.search_shapes(spec)
     check_budget(_estimate(s, {"resources": spec.resources.model_dump()}, own), spec, settings)
     now = utcnow()
     all_reused = len(reuse) == len(trials) and bool(trials)
@@ -185,6 +187,9 @@ def _sweep_costs(
             mean = sum(n * f for _, n, f in items) / created
             extra = (shapes.most_common(1)[0][0], planned - created, mean)
             items, rest = [*items, extra], [*rest, extra]
+        elif planned is not None and planned > created:  # none asked yet: from the spec
+            extras = [(sh, n, cost.trial_flops(sh)) for sh, n in cost.search_shapes(spec).items()]
+            items, rest = [*items, *extras], [*rest, *extras]
         total = _estimate(s, spec, items, throughputs)
         eta = _estimate(s, spec, rest, throughputs).seconds if w.id in running else None
         out[w.id] = (total, eta)

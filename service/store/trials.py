@@ -49,8 +49,12 @@ def trial_info(t: SqlTrial) -> TrialInfo:
         error=t.error,
         started_at=t.started_at,
         finished_at=t.finished_at,
-        epochs_done=t.epochs_done,
-        epochs_total=t.epochs_total,
+        # epochs count training (8/8 for an 8-epoch run); the stored columns count records
+        # (9 there: epoch 0's too), which progress and the driver weigh
+        epochs_done=t.last_epoch or 0,
+        epochs_total=t.epochs,
+        records_done=t.epochs_done,
+        records_total=t.epochs_total,
         last_epoch=t.last_epoch,
         diverged_epoch=t.diverged_epoch,
         results_from=t.results_from,

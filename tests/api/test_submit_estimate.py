@@ -81,3 +81,53 @@ def test_the_cli_prints_the_estimate_and_the_dashboard_shows_it(api, tmp_path):
     page = httpx.get(f"{api.url}/sweeps/{sweep.id}", timeout=30)
     assert page.status_code == 200
     assert "<dt>estimate</dt>" in page.text and "12 trial-epochs" in page.text
+
+
+# --- sampled and adaptive searches: n × the per-trial estimate --------------------------------
+
+SEARCH = """\
+name: searched
+parameters:
+  depth: 3
+  width: 4
+  epochs: 2
+  lr: {loguniform: [1.0e-3, 1.0]}
+seeds: 2
+"""
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        "search: {kind: tpe, n: 5, objective: test_loss}\n",
+        "search: {kind: random, n: 5}\n",
+        "search: {kind: sobol, n: 4}\n",
+    ],
+)
+def test_a_search_is_estimated_as_n_times_the_trial(api, search):
+    r = _post(api, SEARCH + search)
+    assert r.status_code == 201, r.text
+    n = 4 if "sobol" in search else 5
+    e = r.json()["estimate"]
+    # lr does not change the operation count: every trial is ONE_TRIAL's shape
+    assert (e["trials"], e["trial_epochs"], e["records"]) == (2 * n, 2 * 2 * n, 3 * 2 * n)
+    assert e["flops"] == 2 * n * ONE_TRIAL
+    assert e["seconds"] == pytest.approx(2 * n * ONE_TRIAL / (2 * 2e9))
+    assert api.get(f"/sweeps/{r.json()['id']}").json()["estimate"] == e
+
+
+def test_a_tpe_search_over_a_costly_field_averages_its_distribution(api):
+    text = SEARCH.replace("width: 4", "width: {choice: [4, 64]}")
+    r = _post(api, text + "search: {kind: tpe, n: 8, objective: test_loss}\n")
+    assert r.status_code == 201, r.text
+    e = r.json()["estimate"]
+    wide = cost.trial_flops(cost.shape_of({"depth": 3, "width": 64, "epochs": 2}))
+    assert e["trials"] == 16 and 16 * ONE_TRIAL < e["flops"] < 16 * wide
+    assert e["per_trial_flops_max"] == wide
+
+
+def test_a_tpe_search_over_the_budget_is_refused(start_api):
+    api = start_api(max_sweep_hours=1e-6)
+    r = _post(api, SEARCH + "search: {kind: tpe, n: 5, objective: test_loss}\n")
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "budget"

@@ -119,7 +119,7 @@ def test_create_sweep_writes_every_trial_queued(store):
         (4, 3, 1),
         (5, 3, 2),
     ]
-    assert {t.epochs_total for t in trials} == {4}  # epochs 0, 3, 6, 7
+    assert {t.records_total for t in trials} == {4}  # epochs 0, 3, 6, 7
     assert all(t.status == "queued" and t.results_from is None for t in trials)
 
 
@@ -171,7 +171,7 @@ def test_results_of_finished_trials_are_reused(store):
     b = store.list_trials(again.id)[0]
     assert [t.results_from for t in b] == [a[0].id, a[1].id, None, None]
     assert [t.status for t in b] == ["completed", "diverged", "queued", "queued"]
-    assert b[0].summary == {"train_loss": 1.0} and b[0].epochs_done == 5
+    assert b[0].summary == {"train_loss": 1.0} and b[0].records_done == 5
     assert [t.id for t in store.runnable_trials(again.id)] == [b[2].id, b[3].id]
     with pytest.raises(Conflict):
         store.start_trial(b[0].id)

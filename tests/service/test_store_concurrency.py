@@ -181,7 +181,7 @@ def test_a_submission_never_lists_the_recorded_epochs(sqlite_url, monkeypatch):
     with Store(sqlite_url) as store:
         sweep = store.create_sweep(parse_spec({"name": "big", "parameters": params}))
         trials, _ = store.list_trials(sweep.id)
-    totals = {(t.config["depth"], t.config["record_every"]): t.epochs_total for t in trials}
+    totals = {(t.config["depth"], t.config["record_every"]): t.records_total for t in trials}
     assert totals == {(1, 1): 100_001, (2, 1): 100_001, (1, 7): 14_287, (2, 7): 14_287}
 
 
@@ -210,4 +210,4 @@ def test_six_big_submissions_at_once_all_succeed(database_url, monkeypatch):
         assert sorted(info.name for info in created) == [f"big{i}" for i in range(6)]
         for info in created:
             assert info.n_trials == 1000 and info.counts["queued"] == 1000
-            assert store.list_trials(info.id, limit=1)[0][0].epochs_total == 100_001
+            assert store.list_trials(info.id, limit=1)[0][0].records_total == 100_001

@@ -139,7 +139,7 @@ def test_records_update_progress_divergence_and_summary(store):
     store.start_trial(t)
     store.write_records([(t, record(0, 0, DEPTH)), (t, record(0, 1, DEPTH))])
     info = store.get_trial(t)
-    assert (info.epochs_done, info.epochs_total, info.last_epoch) == (2, 7, 1)
+    assert (info.records_done, info.records_total, info.last_epoch) == (2, 7, 1)
     assert info.summary["train_loss"] == 100.0 and set(info.summary) == {
         "train_loss",
         "train_acc",

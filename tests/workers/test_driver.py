@@ -168,13 +168,13 @@ def test_callback_writes_in_batches_and_completes(store):
     cb.on_trial_start(0, [], FakeTrial(a))
     assert store.get_trial(a).status == "running" and store.get_trial(a).attempts == 1
     cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
-    assert store.get_trial(a).epochs_done == 0  # buffered: one record is not a batch
+    assert store.get_trial(a).records_done == 0  # buffered: one record is not a batch
     cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 1, 2)))
-    assert store.get_trial(a).epochs_done == 2  # the batch of two went in one write
+    assert store.get_trial(a).records_done == 2  # the batch of two went in one write
     cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 2, 2, train_loss=math.inf)))
     cb.on_trial_complete(0, [], FakeTrial(a))
     t = store.get_trial(a)
-    assert (t.status, t.epochs_done, t.last_epoch, t.diverged_epoch) == ("completed", 3, 2, None)
+    assert (t.status, t.records_done, t.last_epoch, t.diverged_epoch) == ("completed", 3, 2, None)
     epochs, grad = store.trial_history(a, "grad_norm")
     assert epochs.tolist() == [0, 1, 2]
     assert np.array_equal(grad, np.stack([record(0, e, 2)["grad_norm"] for e in range(3)]))
@@ -190,9 +190,9 @@ def test_callback_flushes_by_age_on_step_end(store):
     cb, _ = callback_for(store, sweep, trials, flush_records=1000, flush_s=0.0)
     cb.on_trial_start(0, [], FakeTrial(a))
     cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
-    assert store.get_trial(a).epochs_done == 0
+    assert store.get_trial(a).records_done == 0
     cb.on_step_end(0, [])
-    assert store.get_trial(a).epochs_done == 1
+    assert store.get_trial(a).records_done == 1
 
 
 def test_diverged_record_marks_the_trial_diverged(store):
@@ -231,11 +231,11 @@ def test_retry_starts_a_new_attempt_then_failure_stores_the_error(store, tmp_pat
     for e in (0, 1):
         cb.on_trial_result(0, [], trial, tune_result(a, record(0, e, 2)))
     cb.on_trial_recover(0, [], trial)  # flushes the first attempt's records
-    assert store.get_trial(a).epochs_done == 2
+    assert store.get_trial(a).records_done == 2
     assert cb.tracker.status[a] == "queued"
     cb.on_trial_start(0, [], trial)
     t = store.get_trial(a)
-    assert (t.attempts, t.epochs_done, t.status) == (2, 0, "running")
+    assert (t.attempts, t.records_done, t.status) == (2, 0, "running")
     cb.on_trial_result(0, [], trial, tune_result(a, record(0, 0, 2, scale=2.0)))
     trial.num_failures = 2
     cb.on_trial_error(0, [], trial)
@@ -277,7 +277,7 @@ def test_after_the_lease_is_lost_nothing_is_written(store):
     cb.on_trial_result(0, [], FakeTrial(a), tune_result(a, record(0, 0, 2)))
     cb.on_trial_complete(0, [], FakeTrial(a))
     t = store.get_trial(a)
-    assert (t.status, t.epochs_done, t.last_epoch) == ("running", 0, None)
+    assert (t.status, t.records_done, t.last_epoch) == ("running", 0, None)
 
 
 def test_a_runner_whose_sweep_was_taken_over_writes_nothing(database_url):
@@ -297,7 +297,7 @@ def test_a_runner_whose_sweep_was_taken_over_writes_nothing(database_url):
         assert control.lost.is_set()
         cb.on_trial_start(0, [], FakeTrial(b))
         t = store.get_trial(a)  # requeued by the claim, and nothing of this runner's since
-        assert (t.status, t.attempts, t.epochs_done, t.last_epoch) == ("queued", 1, 0, None)
+        assert (t.status, t.attempts, t.records_done, t.last_epoch) == ("queued", 1, 0, None)
         assert store.get_trial(b).attempts == 1
         assert store.get_sweep(sweep.id).runner_id == "other"
 
@@ -309,7 +309,7 @@ def test_unfenced_and_fenced_writes_of_the_holder_go_through(store):
     store.write_records([(a, record(0, 0, 2))], runner_id=RUNNER)
     with pytest.raises(LeaseLost, match="no longer held by runner intruder"):
         store.write_records([(a, record(0, 1, 2))], runner_id="intruder")
-    assert store.get_trial(a).epochs_done == 1  # the refused batch wrote nothing
+    assert store.get_trial(a).records_done == 1  # the refused batch wrote nothing
 
 
 def test_a_trial_cancelled_while_queued_is_skipped(store):
@@ -485,7 +485,7 @@ def test_sweep_end_to_end_stores_every_row_and_matches_fit(database_url, ray_loc
         assert info.status == "completed" and info.progress == 1.0
         assert info.counts["completed"] == 8 and info.finished_at is not None
         trials, _ = store.list_trials(info.id)
-        assert {(t.status, t.attempts, t.epochs_done) for t in trials} == {("completed", 1, 3)}
+        assert {(t.status, t.attempts, t.records_done) for t in trials} == {("completed", 1, 3)}
         frame, keys = stored_keys(store, info.id)
         assert len(frame) == len(keys)  # no row twice
         assert keys == expected_keys(trials)
@@ -522,7 +522,7 @@ def test_cancel_stops_running_trials_and_keeps_what_was_stored(sqlite_url, ray_l
         def cancel_when_recording():
             while True:
                 trials, _ = store.list_trials(sweep.id)
-                if any(t.epochs_done >= 3 for t in trials):
+                if any(t.records_done >= 3 for t in trials):
                     snapshot["frame"] = store.read_metrics(sweep.id)
                     store.request_cancel(sweep.id)
                     return

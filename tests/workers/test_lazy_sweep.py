@@ -82,7 +82,7 @@ def test_bulk_insert_stores_every_column_of_the_expansion_in_order(store):
     trials, total = store.list_trials(info.id, where={"depth": 3, "lr": 0.1})
     assert total == 3 and {t.config["seed"] for t in trials} == {0, 1, 2}
     t = store.get_trial(rows[0]["id"])
-    assert (t.status, t.attempts, t.epochs_done, t.epochs_total, t.summary) == (
+    assert (t.status, t.attempts, t.records_done, t.records_total, t.summary) == (
         "queued", 0, 0, 1, {}
     )  # fmt: skip
     assert (t.results_from, t.finished_at, t.last_epoch, t.diverged_epoch) == (None,) * 4
@@ -255,7 +255,7 @@ def test_a_100k_sweep_starts_takes_turns_and_cancels(tmp_path, ray_local, monkey
         assert set(counts) <= {"completed", "cancelled"} and sum(counts.values()) == BIG
         assert counts["completed"] > during.counts["completed"]
         ran, _ = store.list_trials(big.id, status="completed", limit=1000)
-        assert {(t.attempts, t.last_epoch, t.epochs_done) for t in ran} == {(1, 0, 1)}
+        assert {(t.attempts, t.last_epoch, t.records_done) for t in ran} == {(1, 0, 1)}
         frame = store.read_metrics(big.id, metrics="train_loss")  # epoch 0 of each trial that ran
         assert frame.trial_id.is_unique and {t.id for t in ran} <= set(frame.trial_id)
         assert len(frame) <= counts["completed"] + 2 * driver.LIVE_PER_SLOT  # + those cut short

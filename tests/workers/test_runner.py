@@ -173,7 +173,7 @@ def test_a_stopped_runner_releases_the_sweep_to_the_next_one(sqlite_url, ray_loc
         before = store.list_trials(sweep.id)[0]
         cut = [t for t in before if t.status == "queued" and t.attempts == 1]
         # flushed, and cut short (a trial started just before the stop may have no record yet)
-        assert cut and all(t.epochs_done < 61 for t in cut) and any(t.epochs_done for t in cut)
+        assert cut and all(t.records_done < 61 for t in cut) and any(t.records_done for t in cut)
         assert {t.status for t in before} <= {"queued", "completed"}
         done = Runner(store, runner_id="second", poll_s=0.1).run_once()  # no lease to wait out
         assert (done.id, done.status, done.runner_id) == (sweep.id, "completed", "second")
@@ -263,3 +263,60 @@ def test_runner_killed_mid_sweep_is_resumed_without_rerunning_or_duplicating(tmp
     assert len(keys) == len(set(keys))  # no row twice
     assert set(keys) == expected_keys(after.values())  # none missing, none extra
     store.close()
+
+
+# --- the runner's loop beat (what `isosweep serve` restarts a stuck runner by) -----------------
+
+
+def test_the_loop_beat_touches_its_file_at_most_every_interval(tmp_path):
+    from workers.runner import LoopBeat
+
+    path = tmp_path / "beat"
+    beat = LoopBeat(path, min_interval_s=3600.0)
+    beat()
+    first = path.stat().st_mtime_ns
+    os.utime(path, ns=(0, 0))
+    beat()  # within the interval: not written again
+    assert path.stat().st_mtime_ns == 0 and beat.count == 1
+    LoopBeat(path, min_interval_s=0.0)()
+    assert path.stat().st_mtime_ns >= first
+    LoopBeat(None)()  # no file (not under serve): nothing to do
+    assert LoopBeat.from_env({}).path is None
+    assert LoopBeat.from_env({"ISOSWEEP_RUNNER_BEAT": str(path)}).path == path
+
+
+def test_the_beat_comes_from_the_driver_loop_not_from_a_thread(sqlite_url, monkeypatch):
+    """Every step of the driver's loop (Tune asks the stopper, which asks the control) beats; a
+    loop that is stuck beats no more, while the lease's heartbeat thread goes on — so a stuck
+    runner is told apart from a busy one."""
+    import workers.runner
+
+    with Store(sqlite_url) as store:
+        sweep = submit(store, "stuck")
+        beats: list[float] = []
+        runner = Runner(store, runner_id="me", lease_s=0.3, beat=lambda: beats.append(1.0))
+        monkeypatch.setattr(runner, "start_ray", lambda: None)
+        heartbeats: list[int] = []
+        real_heartbeat = store.heartbeat
+        monkeypatch.setattr(
+            store, "heartbeat", lambda *a: heartbeats.append(1) or real_heartbeat(*a)
+        )
+        seen = {}
+
+        def stuck_run(store_, sweep_id, *, control, **kw):
+            for _ in range(5):
+                control.halted()  # five steps of the loop
+            seen["stepping"] = len(beats)
+            hb = len(heartbeats)
+            deadline = time.monotonic() + 30
+            while len(heartbeats) < hb + 3 and time.monotonic() < deadline:
+                time.sleep(0.05)  # stuck: no step, while the heartbeat thread beats on
+            seen["stuck"], seen["heartbeats"] = len(beats), len(heartbeats) - hb
+            store_.request_cancel(sweep_id)
+            return store_.finish_sweep(sweep_id)
+
+        monkeypatch.setattr(workers.runner, "run_sweep", stuck_run)
+        assert runner.run_once().status == "cancelled"
+    assert seen["stepping"] >= 5  # each step beat (and the claim before them)
+    assert seen["stuck"] == seen["stepping"]  # the stuck loop did not
+    assert seen["heartbeats"] >= 3  # though the lease's thread went on
