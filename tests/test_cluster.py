@@ -5,20 +5,13 @@ the cluster through RAY_ADDRESS. Both check the rows in Postgres, then the head 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
+from cluster_support import BIN, RayNode, ray_env
 from expected_rows import expected_keys, row_keys
-from support import free_port, isosweep_command
+from support import isosweep_command
 
 from service.spec import load_spec
 from service.store import Store
@@ -26,79 +19,12 @@ from service.store import Store
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.postgres]
 
 ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 SPEC = "examples/init-depth-smoke.yaml"  # trials measured at initialization, seconds each
-
-
-class RayHead:
-    """A head node of its own: its own ports, temp dir, token and process session."""
-
-    def __init__(self):
-        self.gcs_port, self.dashboard_port = free_port(), free_port()
-        self.temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths
-        self.env = {
-            **os.environ,
-            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep every listener on loopback
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": secrets.token_hex(16),
-            "RAY_USAGE_STATS_ENABLED": "0",
-        }
-        self.env.pop("RAY_ADDRESS", None)
-        self.proc = subprocess.Popen(
-            [
-                str(BIN / "ray"),
-                "start",
-                "--head",
-                "--node-ip-address=127.0.0.1",
-                f"--port={self.gcs_port}",
-                "--dashboard-host=127.0.0.1",
-                f"--dashboard-port={self.dashboard_port}",
-                f"--ray-client-server-port={free_port()}",
-                f"--dashboard-agent-listen-port={free_port()}",
-                "--num-cpus=2",
-                "--num-gpus=0",
-                f"--temp-dir={self.temp_dir}",
-            ],
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # the head's daemons share this session: stop() kills it
-        )
-        out, _ = self.proc.communicate(timeout=120)
-        if self.proc.returncode != 0:
-            self.stop()
-            pytest.fail(f"ray start failed:\n{out[-3000:]}")
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.gcs_port}"
-
-    @property
-    def dashboard(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard_port}"
-
-    def session_pids(self) -> list[int]:
-        out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
-        pairs = (line.split() for line in out.splitlines())
-        return [int(p) for p, s in pairs if int(s) == self.proc.pid]
-
-    def stop(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            for pid in self.session_pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while self.session_pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-        assert not self.session_pids(), "the Ray head's processes outlived the test"
 
 
 @pytest.fixture(scope="module")
 def ray_head():
-    head = RayHead()
+    head = RayNode(ray_env(), cpus=2)
     try:
         yield head
     finally:

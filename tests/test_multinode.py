@@ -7,29 +7,21 @@ Postgres."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from cluster_support import BIN, RayNode, ray_env
 from expected_rows import expected_keys, row_keys
-from support import free_port, isosweep_command
+from support import isosweep_command
 
 from service.spec import parse_spec
 from service.store import Store
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.postgres]
 
-BIN = Path(sys.executable).parent
 # Eight trials of a few seconds each (two epochs of a depth-8 network on digits), each alone
 # (pack 1) on one CPU: with one CPU per node, the second trial at once needs the second node.
 SPEC = {
@@ -41,97 +33,13 @@ SPEC = {
 }
 
 
-class RayNode:
-    """One `ray start` in a process session of its own (its daemons share it; stop() ends it):
-    the head when `head` is None, else a node joining head's cluster."""
-
-    def __init__(self, env: dict[str, str], label: str, head: RayNode | None = None):
-        self.env = env
-        self.temp_dir = tempfile.mkdtemp(prefix="rayn", dir="/tmp")  # short: socket paths
-        self.gcs_port, self.dashboard_port = free_port(), free_port()
-        ports = [
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
-            f"--node-manager-port={free_port()}",
-            f"--object-manager-port={free_port()}",
-        ]
-        if head is None:
-            role = [
-                "--head",
-                f"--port={self.gcs_port}",
-                "--dashboard-host=127.0.0.1",
-                f"--dashboard-port={self.dashboard_port}",
-                f"--ray-client-server-port={free_port()}",
-            ]
-        else:
-            role = [f"--address={head.address}"]
-        self.proc = subprocess.Popen(
-            [
-                str(BIN / "ray"),
-                "start",
-                *role,
-                "--node-ip-address=127.0.0.1",
-                *ports,
-                "--num-cpus=1",
-                "--num-gpus=0",
-                f"--resources={json.dumps({label: 1})}",
-                f"--temp-dir={self.temp_dir}",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        out, _ = self.proc.communicate(timeout=180)
-        if self.proc.returncode != 0:
-            self.stop()
-            pytest.fail(f"ray start ({label}) failed:\n{out[-3000:]}")
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.gcs_port}"
-
-    @property
-    def dashboard(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard_port}"
-
-    def session_pids(self) -> list[int]:
-        out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
-        pairs = (line.split() for line in out.splitlines())
-        return [int(p) for p, s in pairs if int(s) == self.proc.pid]
-
-    def stop(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            for pid in self.session_pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while self.session_pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-        assert not self.session_pids(), "a Ray node's processes outlived the test"
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
-        # "0" (the other Ray tests: a single-node instance on loopback) refuses a second node;
-        # the nodes still bind their Ray addresses to 127.0.0.1, and the token guards them
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
-        "RAY_AUTH_MODE": "token",  # one token for both nodes and every client
-        "RAY_AUTH_TOKEN": secrets.token_hex(16),
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    env.pop("RAY_ADDRESS", None)
-    head = RayNode(env, "node_a")
+    env = ray_env(nodes=2)
+    head = RayNode(env, cpus=1, label="node_a")
     nodes = [head]
     try:
-        nodes.append(RayNode(env, "node_b", head))
+        nodes.append(RayNode(env, cpus=1, label="node_b", head=head))
         yield head
     finally:
         for node in reversed(nodes):
