@@ -636,6 +636,26 @@ def swept_fields(spec: SweepSpec) -> list[str]:
     return swept_fields_of(spec.parameters, parameters_only=True)
 
 
+def swept_values(spec: SweepSpec) -> dict[str, list[Any] | None]:
+    """Each swept field (swept_fields, `seed` included) and the values its trials take, in order
+    of first appearance: an axis's values, a linked axis's, a derived field's as computed; None
+    for a sampled field (its values are drawn, or asked as the search goes) and for a derived
+    field of an adaptive search."""
+    out: dict[str, list[Any] | None] = {}
+    trials = None if spec.adaptive else expand(spec)
+    for name in swept_fields(spec):
+        if name == "seed":
+            out[name] = spec.seed_list
+        elif name in spec.axes:
+            out[name] = list(spec.axes[name])
+        elif name in spec.sampled or trials is None:
+            out[name] = None
+        else:  # a linked or derived field: the values of the trials, in their order
+            seen = {json.dumps(getattr(t, name), sort_keys=True): getattr(t, name) for t in trials}
+            out[name] = list(seen.values())  # (keyed by JSON: a model_params value is a dict)
+    return out
+
+
 def swept_fields_of(spec: Mapping[str, Any], *, parameters_only: bool = False) -> list[str]:
     """`swept_fields` of a stored spec (a validated SweepSpec's JSON dump, as the store keeps it)
     without validating it again: the keys of its parameters that are lists or distributions,

@@ -266,3 +266,29 @@ def test_the_evaluator_is_python_arithmetic_on_the_parsed_tree():
     assert evaluation_order(
         {"a": parse_expression("b", where=""), "b": parse_expression("1", where="")}, where="p"
     ) == ["b", "a"]
+
+
+def test_swept_values_list_what_each_swept_field_takes():
+    from service.spec import swept_values
+
+    s = parse_spec(
+        spec(
+            {
+                "model": "resmlp",
+                "depth": [4, 16],
+                "residual_scale": {"expr": "1/sqrt(depth)"},
+                "zip": [{"width": 8, "batch_size": 8}, {"width": 16, "batch_size": 16}],
+                "lr": {"loguniform": [1e-3, 1e-1]},
+            },
+            seeds=2,
+            search={"kind": "random", "n": 2, "seed": 1},
+        )
+    )
+    assert swept_values(s) == {
+        "depth": [4, 16],
+        "residual_scale": [0.5, 0.25],
+        "width": [8, 16],
+        "batch_size": [8, 16],
+        "lr": None,  # drawn
+        "seed": [0, 1],
+    }
