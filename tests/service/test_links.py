@@ -14,7 +14,8 @@ from service.spec import expand, parse_spec, swept_fields, swept_fields_of
 
 
 def spec(parameters: dict, **top) -> dict:
-    return {"name": "links", "parameters": {"epochs": 0, **parameters}, **top}
+    # one epoch: at epochs 0 the training fields (lr, momentum, …) are reset, having no effect
+    return {"name": "links", "parameters": {"epochs": 1, **parameters}, **top}
 
 
 def refused(parameters: dict, **top) -> InvalidInput:
