@@ -304,6 +304,32 @@ def desmith_numbers(store: Store, sid: int) -> None:
     show("grad_norm ℓ = 1: ratio between consecutive depths", md_table(ratios))
 
 
+def scaled_resnet_numbers(store: Store, sid: int) -> None:
+    """The 1/√L residual network: the stream's growth and the first block's gradient per depth."""
+    rms = store.read_metrics(sid, metrics="rms", epoch=0)
+    rms = rms.assign(value=rms["value"].astype(float) ** 2)
+    g = store.read_metrics(sid, metrics="grad_norm", epoch=0, layers=[1])
+    rows = []
+    for (act, L), part in rms.groupby(["activation", "depth"]):
+        m = part.groupby("layer")["value"].mean()
+        g0 = g[(g["activation"] == act) & (g["depth"] == L)]["value"].astype(float)
+        c = 1 / np.sqrt(L)
+        rows.append(
+            {
+                "activation": act,
+                "depth": L,
+                "residual_scale": f"{c:.4g}",
+                "rms² ℓ = 1 → L": f"{m.iloc[0]:.3f} → {m.iloc[-1]:.3f}",
+                "(rms²_L − rms²_1)/((L − 1)c²)": f"{(m.iloc[-1] - m.iloc[0]) / (L - 1) / c**2:.3f}",
+                "grad_norm ℓ = 1 (seeds)": f"{g0.mean():.3g} ({', '.join(f'{v:.3g}' for v in g0)})",
+            }
+        )
+    show(
+        "stream mean square and first-block gradient, residual_scale = 1/√depth",
+        md_table(pd.DataFrame(rows).set_index(["activation", "depth"])),
+    )
+
+
 def xiao_numbers(store: Store, sid: int) -> None:
     gaps = store.read_metrics(sid, metrics="isometry_gap/act", epoch=0)
     last = gaps[gaps["layer"] == gaps["depth"]]
@@ -567,6 +593,23 @@ EXPERIMENTS = [
             ),
         ],
         desmith_numbers,
+    ),
+    Experiment(
+        "resnet-scaled-depth",
+        ROOT / "examples" / "resnet-scaled-depth.yaml",
+        [
+            Figure(
+                "resnet-scaled-grad-depth.png",
+                "depth_scaling",
+                dict(metric="grad_norm", layer=1, group_by="activation", band="std"),
+            ),
+            Figure(
+                "resnet-scaled-rms-profile.png",
+                "layer_profile",
+                dict(metric="rms", group_by="activation", where={"depth": 64}, band="std"),
+            ),
+        ],
+        scaled_resnet_numbers,
     ),
     Experiment(
         "xiao-delta-orthogonal",
