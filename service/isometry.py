@@ -11,7 +11,7 @@ Whether G is singular is not read off the size of λ_min: rounding leaves an exa
 Gram of a float32 representation with λ_min/λ_max ~ 1e-15 and a regular one can sit far below
 that (a square Gaussian layer divides λ_min/λ_max by ~e² per layer). So the definition takes an
 explicit *structural null dimension* k — how many eigenvalues are zero by construction (n > d, a
-centring normalization; `workers.metrics` derives k from the network) — and
+centring normalization; workers/structure.py derives k from the network) — and
 
     gap       = +∞ if k > 0 or some λ ≤ 0 (exactly zero), else log(mean λ) − mean(log λ);
     range gap = the gap of the n − k largest eigenvalues (G on the complement of its structural
@@ -20,8 +20,9 @@ centring normalization; `workers.metrics` derives k from the network) — and
 `gap_from_eigenvalues` / `gap_from_singular_values` are the definition; `gap_of_features` is the
 reference computation from a representation H (float64 singular values, λ = σ², no Gram formed);
 `isometry_gap(gram)` serves Grams given as numbers (the mean-field theory), whose k is their
-numerical rank deficiency at float64 resolution. `workers.metrics` computes the same formula
-batched in torch and is tested against these functions on the same inputs.
+numerical rank deficiency at float64 resolution. workers/gaps.py computes the same formula
+batched in torch (with a bound on each gap's error) and is tested against these functions on the
+same inputs.
 """
 
 from __future__ import annotations

@@ -37,6 +37,16 @@ LAYER_METRICS: tuple[str, ...] = (
     "range_isometry_gap/output",
     "token_isometry_gap",  # transformer: gap of each sample's token Gram, mean over the batch
     "token_cosine",  # transformer: mean off-diagonal cosine between a sample's tokens
+    # a bound on isometry_gap/<kind>'s relative error from the factorization that computed it:
+    # 0 for a structural +inf, +inf where the Gram is beyond float64's resolution (or the
+    # structure is unknown and the forward's precision cannot tell it from singular)
+    "isometry_gap_error/linear",
+    "isometry_gap_error/norm",
+    "isometry_gap_error/act",
+    "isometry_gap_error/residual",
+    "isometry_gap_error/attn",
+    "isometry_gap_error/mlp",
+    "isometry_gap_error/output",
 )
 METRICS: tuple[str, ...] = SCALAR_METRICS + LAYER_METRICS
 # What an epoch record holds besides METRICS (docs/architecture.md, "The epoch record").

@@ -197,7 +197,11 @@ def tap_kinds(config: TrialConfig) -> tuple[str, ...]:
 def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
     """The per-layer metrics a trial records, in service.config.LAYER_METRICS' order."""
     kinds = tap_kinds(config)
-    have = {f"{m}/{k}" for m in ("isometry_gap", "range_isometry_gap") for k in kinds}
+    have = {
+        f"{m}/{k}"
+        for m in ("isometry_gap", "range_isometry_gap", "isometry_gap_error")
+        for k in kinds
+    }
     have |= {"weight_isometry_gap", "grad_norm", "rms", "mean_cosine"}
     if config.model == "transformer":
         have |= {"token_isometry_gap", "token_cosine"}

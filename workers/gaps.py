@@ -51,6 +51,17 @@ KAPPA_MAX = 1e20
 # σ_min/σ_max below ~max(n, d)·ε₆₄ (λ ratio ~1e-27 at n = d = 128) is below the float64 SVD's own
 # resolution: there neither it nor LU/QR measures λ_min, and the factor's cheaper value is kept.
 KAPPA_UNRESOLVED = 1e28
+# The unit roundoff of the factorizations (float64): their error bars scale with it.
+EPS64 = 2.0**-53
+
+
+def error_scale(m: int, c: int) -> float:
+    """p in the error model of every route: the computed σᵢ of an m × c matrix are those of
+    M + δM with ‖δM‖₂ ≤ p·ε·‖M‖₂ (backward stability of SVD, Householder QR and partially
+    pivoted LU with a modest growth factor; Higham 2002, Thms 19.4, 9.5), taken as
+    p = max(m, c) — the worst case of the dimension-dependent constants, which the measured
+    errors stay below (tests/workers/test_gap_error.py)."""
+    return float(max(m, c))
 
 
 def gaps_from_eigenvalues(lam: Tensor) -> Tensor:
@@ -77,8 +88,34 @@ def project_out_ones(H: Tensor) -> Tensor:
 
 def _svd_gaps(M: Tensor, r: int) -> Tensor:
     """Gaps of the r largest λ = σ² of M (B, m, c), σ from float64 SVD (no Gram formed)."""
-    s = torch.linalg.svdvals(M.to(F64))  # (B, min(m, c)) descending
-    return gaps_from_eigenvalues(s[:, :r].square())
+    return _svd_gaps_and_errors(M, r)[0]
+
+
+def _svd_gaps_and_errors(M: Tensor, r: int, eps: float = EPS64) -> tuple[Tensor, Tensor]:
+    """(gaps, absolute error bounds) of the r largest λ = σ² of M (B, m, c). Each computed σᵢ
+    is within δ = p·ε·σ₁ of the true one (`error_scale`; Weyl), so the gap — log(mean λ) −
+    mean(log λ) — is within 2δ·mean(1/σᵢ) + 2δ/σ₁ (its second term: the trace, ≤ λ₁); where
+    δ ≥ σ_r no σ_r is resolved: +∞."""
+    s = torch.linalg.svdvals(M.to(F64))[:, :r]  # (B, min(m, c)) descending
+    gap = gaps_from_eigenvalues(s.square())
+    if s.shape[1] == 0:
+        return gap, torch.zeros_like(gap)
+    delta = error_scale(*M.shape[1:]) * eps * s[:, 0]
+    err = 2.0 * delta * (s.reciprocal().mean(dim=1) + s[:, 0].reciprocal())
+    return gap, torch.where(delta < s[:, -1], err, math.inf)
+
+
+def _factor_errors(tr: Tensor, lam_min: Tensor, m: int, c: int, eps: float) -> Tensor:
+    """Absolute error bounds of a gap from a factor (LU or QR) of M (m × c, tr = ‖M‖²_F) whose
+    λ_min was estimated as lam_min: the factor is exact for M + δM, ‖δM‖₂ ≤ δ = p·ε·‖M‖_F
+    (`error_scale`), so (1/m) log det G moves by ≤ 2δ/σ_min (|log det(I + M⁻¹δM)| ≤ m‖M⁻¹δM‖₂),
+    with σ_min ≈ √lam_min; +∞ where δ ≥ √lam_min (unresolved). lam_min comes from one
+    inverse-iteration step and may overshoot λ_min (κ under by 1/|u_minᵀv|): the measured
+    errors stay within the bound all the same (tests/workers/test_gap_error.py)."""
+    delta = error_scale(m, c) * eps * torch.sqrt(tr)
+    sigma = torch.sqrt(lam_min)
+    err = 2.0 * delta / sigma + 2.0 * eps * m
+    return torch.where(delta < sigma, err, math.inf)
 
 
 @functools.lru_cache(maxsize=64)
@@ -132,6 +169,10 @@ def _lu_log_det(M: Tensor, rhs: Tensor | None = None) -> tuple[Tensor, Tensor, T
 
 
 def _full_rank_gaps(M: Tensor) -> Tensor:
+    return _full_rank_gaps_and_errors(M)[0]
+
+
+def _full_rank_gaps_and_errors(M: Tensor, eps: float = EPS64) -> tuple[Tensor, Tensor]:
     """Gaps of the regular Grams G = M Mᵀ of M (B, m, c), m ≤ c, without forming G: gap =
     log(‖M‖²_F/m) − (1/m) log det G, log det G from the LU of a square M (`_lu_log_det`) or the
     Householder QR of Mᵀ (`_qr_log_det`). Either errs by ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of
@@ -155,13 +196,15 @@ def _full_rank_gaps(M: Tensor) -> Tensor:
     # by ~ε₆₄σ_max — and the factor's value stays: as close to the truth as the SVD's (measured
     # on the scale-only chain of docs/architecture.md, Measurements).
     route = usable & ~(kappa <= KAPPA_MAX) & ~(kappa > KAPPA_UNRESOLVED)  # NaN κ̂ routes too
+    err = _factor_errors(tr, lam_min, m, M.shape[2], eps)
     if bool(route.any()):
-        gap[route] = _svd_gaps(M[route], m)
+        gap[route], err[route] = _svd_gaps_and_errors(M[route], m, eps)
     gap = torch.where(zero_row, math.inf, gap)
-    return torch.where(finite, gap, math.nan)
+    err = torch.where(zero_row, 0.0, err)  # +∞ from an exactly zero row: exact
+    return torch.where(finite, gap, math.nan), torch.where(finite, err, math.nan)
 
 
-def _centred_square_gaps(H: Tensor) -> Tensor:
+def _centred_square_gaps(H: Tensor, eps: float = EPS64) -> tuple[Tensor, Tensor]:
     """Range gaps of square H (B, n, n) with 1 in the null space of H Hᵀ (structure (True,
     n − 1)): the gap of the n − 1 eigenvalues σᵢ² of K = (I − 11ᵀ/n)H, from one LU of a
     square matrix instead of a QR of the (n − 1) × n QᵀH.
@@ -190,9 +233,10 @@ def _centred_square_gaps(H: Tensor) -> Tensor:
     gap = (torch.log(tr / (n - 1)) - 2.0 * (log_sigma - 0.5 * math.log(n)) / (n - 1)).clamp_min(0)
     kappa = (tr / (n - 1)) / lam_min
     route = ~usable | ~(kappa <= KAPPA_MAX) | ~torch.isfinite(gap)
+    err = _factor_errors(tr, lam_min, n, n, eps)
     if bool(route.any()):
-        gap[route] = _full_rank_gaps(project_out_ones(H[route]))
-    return gap
+        gap[route], err[route] = _full_rank_gaps_and_errors(project_out_ones(H[route]), eps)
+    return gap, err
 
 
 def _all_finite(M: Tensor) -> Tensor:
@@ -213,23 +257,37 @@ def range_gaps(M: Tensor, rank: int, *, ones_in_null: bool = False) -> Tensor:
     `_full_rank_gaps`; otherwise the float64 singular values of M. Non-finite M gives NaN.
     Chunked (`_chunk_size`).
     """
-    out = []
+    return range_gaps_and_errors(M, rank, ones_in_null=ones_in_null)[0]
+
+
+def range_gaps_and_errors(
+    M: Tensor, rank: int, *, ones_in_null: bool = False, eps: float = EPS64
+) -> tuple[Tensor, Tensor]:
+    """`range_gaps` and, for each, a bound on its absolute error from the route that computed
+    it (`_factor_errors`, `_svd_gaps_and_errors`) at unit roundoff eps: +∞ where λ_min is
+    below what that precision resolves; NaN for a non-finite M."""
+    out, errs = [], []
     step = _chunk_size(M.shape[1:], M.device)
     bordered = ones_in_null and M.shape[1] == M.shape[2] == rank + 1
     for chunk in M.split(step):
         if bordered:
-            out.append(_centred_square_gaps(chunk))
+            g, e = _centred_square_gaps(chunk, eps)
+            out.append(g)
+            errs.append(e)
             continue
         if ones_in_null:
             chunk = project_out_ones(chunk)
         m, c = chunk.shape[1:]
         if rank >= min(m, c):
-            out.append(_full_rank_gaps(chunk if m <= c else chunk.mT))
+            g, e = _full_rank_gaps_and_errors(chunk if m <= c else chunk.mT, eps)
         else:
             finite = _all_finite(chunk)
             safe = torch.where(finite[:, None, None], chunk, 0.0)
-            out.append(torch.where(finite, _svd_gaps(safe, rank), math.nan))
-    return torch.cat(out)
+            g, e = _svd_gaps_and_errors(safe, rank, eps)
+            g, e = torch.where(finite, g, math.nan), torch.where(finite, e, math.nan)
+        out.append(g)
+        errs.append(e)
+    return torch.cat(out), torch.cat(errs)
 
 
 def isometry_gaps(H: Tensor, structure: Structure | None = None) -> Tensor:
@@ -317,13 +375,28 @@ def _tap_gaps(
     H: Sequence[Tensor], kinds: list[Structure], masks: tuple[Tensor, Tensor] | None = None
 ) -> tuple[Tensor, Tensor]:
     """(gap, range gap) of each representation H[i] (n, d) (a list or a stack (B, n, d)) with
-    structure kinds[i], float64. `masks`: `_supports(H)` if already known.
+    structure kinds[i], float64 (`tap_gaps_and_errors` without the errors)."""
+    return tap_gaps_and_errors(H, kinds, masks)[:2]
+
+
+def tap_gaps_and_errors(
+    H: Sequence[Tensor], kinds: list[Structure], masks: tuple[Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(gap, range gap, the gap's relative error bound) of each representation H[i] (n, d) (a
+    list or a stack (B, n, d)) with structure kinds[i], float64. `masks`: `_supports(H)` if
+    already known.
 
     Zero rows and columns are dropped first (they add only zero eigenvalues, which the structure
-    already counts); then one batched `range_gaps` per distinct (structure, shape) and chunk."""
+    already counts); then one batched `range_gaps_and_errors` per distinct (structure, shape)
+    and chunk. The error bound is relative, |computed − true| / gap: 0 for a structural +∞
+    (exact); for a regular Gram the route's bound at float64's unit roundoff, +∞ where λ_min is
+    beyond its resolution (and for a gap of 0, whose relative error has no bound); for a tap
+    whose structure is unknown (`Structure.known` False) the bound at the unit roundoff of the
+    tap's own dtype — the forward's rounding could be all that keeps such a Gram regular."""
     n = H[0].shape[0]
     gap = torch.empty(len(H), dtype=F64, device=H[0].device)
     rng = torch.empty_like(gap)
+    err = torch.empty_like(gap)
     rows, cols = masks if masks is not None else _supports(H)
     whole = (rows.all(dim=1) & cols.all(dim=1)).tolist()
     groups: dict[tuple, list[int]] = {}
@@ -335,8 +408,18 @@ def _tap_gaps(
         groups.setdefault((s, shape), []).append(i)
     for (s, _), idx in groups.items():
         where = torch.tensor(idx, device=gap.device)
-        M = _stacked(trimmed if idx[0] in trimmed else H, idx, F64)
-        r = torch.cat([range_gaps(m, s.rank, ones_in_null=s.ones_in_null) for m in M])
+        src = trimmed if idx[0] in trimmed else H
+        eps = EPS64 if s.known else max(EPS64, torch.finfo(H[idx[0]].dtype).eps / 2)
+        M = _stacked(src, idx, F64)
+        parts = [range_gaps_and_errors(m, s.rank, ones_in_null=s.ones_in_null, eps=eps) for m in M]
+        r = torch.cat([q[0] for q in parts])
         rng[where] = r
-        gap[where] = r if s.rank >= n else torch.where(torch.isnan(r), r, math.inf)
-    return gap, rng
+        if s.rank >= n:
+            e = torch.cat([q[1] for q in parts])
+            gap[where] = r
+            rel = torch.where(r > 0, e / r, torch.where(e == 0, 0.0, math.inf))
+            err[where] = torch.where(torch.isnan(r) | torch.isnan(e), math.nan, rel)
+        else:
+            gap[where] = torch.where(torch.isnan(r), r, math.inf)
+            err[where] = torch.where(torch.isnan(r), r, 0.0)
+    return gap, rng, err

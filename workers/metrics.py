@@ -50,6 +50,7 @@ from workers.gaps import (
     project_out_ones,
     range_gaps,
     spectra,
+    tap_gaps_and_errors,
     weight_isometry_gap,
     weight_isometry_gaps,
 )
@@ -207,9 +208,11 @@ def probe_metrics(
     updated, gradients come from `torch.autograd.grad` on detached copies of the weights (so no
     `.grad` changes), and no optimizer is involved.
 
-    Returns the record fields "isometry_gap/<kind>" and "range_isometry_gap/<kind>" for each of
-    the net's kinds (MLP: linear, norm — absent for norm = "none" — and act), "weight_isometry_gap"
-    (of each block's first listed weight), "grad_norm" (over all of the block's listed weights),
+    Returns the record fields "isometry_gap/<kind>", "range_isometry_gap/<kind>" and
+    "isometry_gap_error/<kind>" (a bound on the gap's relative error,
+    `gaps.tap_gaps_and_errors`) for each of the net's kinds (MLP: linear, norm — absent for
+    norm = "none" — and act), "weight_isometry_gap" (of each block's first listed weight),
+    "grad_norm" (over all of the block's listed weights),
     "rms" and "mean_cosine" (of each block's output, `rms_and_mean_cosine`) — float64 arrays (L,),
     index 0 ↔ block 1 — the floats "head_grad_norm", "head_weight_isometry_gap", and for nets
     with tokens "token_isometry_gap", "token_cosine" (workers/token_metrics.py). isometry_gap
@@ -341,9 +344,12 @@ def _measure(
     device = members[0].x.device
     gap = torch.empty(len(H), dtype=F64, device=device)
     rng = torch.empty_like(gap)
+    err = torch.empty_like(gap)
     for at, rows, cols in groups:
         sub = torch.tensor(at, device=device)
-        gap[sub], rng[sub] = _tap_gaps([H[g] for g in at], [kind_of[g] for g in at], (rows, cols))
+        gap[sub], rng[sub], err[sub] = tap_gaps_and_errors(
+            [H[g] for g in at], [kind_of[g] for g in at], (rows, cols)
+        )
     firsts = [ws[0] if ws else None for ws in layer_weights]
     has_weight = [i for i, k in enumerate(firsts) if k is not None] + [L]
     wgaps = _weight_gaps(
@@ -362,7 +368,11 @@ def _measure(
         start = mine.stop
         idx = torch.tensor(wheres[j], device=device)
         out: dict[str, np.ndarray | float] = {}
-        for name, values in (("isometry_gap", gap[mine]), ("range_isometry_gap", rng[mine])):
+        for name, values in (
+            ("isometry_gap", gap[mine]),
+            ("range_isometry_gap", rng[mine]),
+            ("isometry_gap_error", err[mine]),
+        ):
             per_kind = values[idx].cpu().numpy().reshape(len(kinds), L)
             out.update({f"{name}/{k}": v for k, v in zip(kinds, per_kind, strict=True)})
         wgap = np.full(L + 1, math.nan)

@@ -45,6 +45,11 @@ for _kind, _what in _TAPS.items():
         f"range isometry gap of the {_what}, {_GAP} of G = HHᵀ on the complement of its "
         "structural null space"
     )
+_BASE_TAPS = {"linear": "Linear output", "norm": "normalization output", "act": "activation output"}
+for _kind, _what in {**_BASE_TAPS, **_TAPS}.items():  # docs/science.md, "Error bars"
+    METRIC_LABELS[f"isometry_gap_error/{_kind}"] = (
+        f"error bar of the {_what}'s isometry gap: a bound on its relative error"
+    )
 METRIC_LABELS = {m: text for m, text in METRIC_LABELS.items() if m in METRICS}  # recorded ones
 
 # Axis names of the non-metric dimensions (TrialConfig fields, epoch, layer).

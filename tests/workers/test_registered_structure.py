@@ -221,6 +221,8 @@ def test_a_declared_structure_where_tracing_cannot_see(registry, declare):
     assert net.structure_known() == [declare] * 2
     if declare:
         assert (rec["isometry_gap/output"] == math.inf).all()
+    else:  # a finite number, but not given as resolved
+        assert (rec["isometry_gap_error/output"] == math.inf).all()
 
 
 def test_the_shipped_example_at_its_default_is_infinite(registry, monkeypatch):
