@@ -17,7 +17,7 @@ from service.config import parse_trial_config
 from service.errors import InvalidInput, LimitExceeded, NotFound
 
 # What one request may ask of the server (a prediction costs ~depth·samples·n² flops).
-PREDICT_DEPTH_MAX = 1000
+PREDICT_DEPTH_MAX = 500
 PREDICT_BATCH_MAX = 500
 PREDICT_SAMPLES_MAX = 1 << 16
 
