@@ -7,7 +7,11 @@ runner`, the database URL in its environment as ISOSWEEP_DATABASE_URL, not in it
 `ps` shows it; api/cli/supervise.py) that claims queued sweeps and drives Ray Tune: restarted
 with back-off when it dies, its state in /api/v1/healthz (not ok while it is down). Stopping
 serve (Ctrl-C, SIGTERM) stops the runner: SIGTERM, SIGKILL after RUNNER_GRACE_S, then every
-process left in its session (Ray's).
+process left in its session (Ray's). The runner is bound to this serve: it dies with it (a
+parent-death signal, and a watchdog), a later serve of the same database and data directory ends
+one an earlier serve left before starting its own (a pid file in ISOSWEEP_DATA_DIR), and a
+runner whose loop makes no progress for ISOSWEEP_RUNNER_STALL_S is restarted (supervise.py).
+At start, the login sessions of any other token are revoked (rotating the token ends them).
 """
 
 from __future__ import annotations
@@ -81,7 +85,12 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.demo:
             submit_demo(store)
         if not args.no_runner:
-            runner = RunnerSupervisor(settings.database_url, store=store).start()
+            runner = RunnerSupervisor(
+                settings.database_url,
+                store=store,
+                state_dir=settings.data_dir,
+                stall_s=settings.runner_stall_s,
+            ).start()
         announce(settings, runner)
         serve_api(settings, store=store, runner=runner)
     except KeyboardInterrupt:

@@ -46,8 +46,9 @@ def test_runner_is_started_with_the_agreed_command(monkeypatch):
     class FakePopen:
         pid = 4242
 
-        def __init__(self, cmd, env=None, start_new_session=False):
+        def __init__(self, cmd, env=None, start_new_session=False, preexec_fn=None):
             seen["cmd"], seen["env"], seen["session"] = cmd, env, start_new_session
+            seen["preexec"] = preexec_fn
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     monkeypatch.setenv("ISOSWEEP_RUNNER_LEASE_S", "30")
@@ -59,6 +60,8 @@ def test_runner_is_started_with_the_agreed_command(monkeypatch):
     assert seen["env"]["ISOSWEEP_DATABASE_URL"] == url
     assert seen["env"]["ISOSWEEP_RUNNER_LEASE_S"] == "30"  # the rest of serve's environment
     assert seen["session"]  # its own session: Ray's processes can be found and stopped with it
+    assert seen["preexec"] is not None  # the parent-death signal (Linux)
+    assert seen["env"]["ISOSWEEP_SUPERVISOR_PID"] == str(os.getpid())
     status = supervisor.status()
     assert (status["state"], status["ok"], status["pid"]) == ("running", True, 4242)
     assert status["runner_id"] == f"{socket.gethostname()}:4242"  # workers.runner's default
@@ -407,3 +410,209 @@ def test_importing_the_cli_imports_neither_torch_nor_ray():
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# --- runners bound to their service -------------------------------------------------------------
+
+# A fake runner: beats (as the real runner's loop does, LoopBeat) `beats` times, then sleeps —
+# stuck — ignoring SIGTERM when told to (a runner that does not stop when asked).
+FAKE_RUNNER = (
+    "import os, pathlib, signal, sys, time\n"
+    "if sys.argv[2] == 'deaf':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "beat = pathlib.Path(os.environ['ISOSWEEP_RUNNER_BEAT'])\n"
+    "n = int(sys.argv[1])\n"
+    "while n != 0:\n"
+    "    beat.touch(); time.sleep(0.1); n -= 1\n"
+    "time.sleep(600)\n"
+)
+
+
+def fake_runner(beats: int, deaf: bool = False) -> list[str]:
+    return [sys.executable, "-c", FAKE_RUNNER, str(beats), "deaf" if deaf else "hears"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_stuck_runner_is_restarted(sqlite_url):
+    """A runner whose loop stops beating for longer than stall_s is ended (SIGTERM, then SIGKILL:
+    this one ignores SIGTERM) and restarted, its sweeps released like a dead one's."""
+    sup = supervise.RunnerSupervisor(
+        sqlite_url, command=fake_runner(beats=3, deaf=True), backoff_s=0.1, stall_s=1.0,
+        grace_s=1.0, check_s=0.05,
+    )  # fmt: skip
+    try:
+        sup.start()
+        first = sup.status()["pid"]
+        again = _until("the restart of the stuck runner", lambda: _new_pid(sup, first), 60)
+        assert sup.status()["restarts"] >= 1 and sup.status()["last_exit_code"] == -9
+        assert not _alive(first)
+    finally:
+        sup.stop()
+    assert not _alive(again)
+
+
+def test_a_runner_that_keeps_beating_is_left_alone(sqlite_url):
+    sup = supervise.RunnerSupervisor(
+        sqlite_url, command=fake_runner(beats=-1), backoff_s=0.1, stall_s=1.0, check_s=0.05
+    )
+    try:
+        sup.start()
+        first = sup.status()["pid"]
+        beat = sup.beat_path
+        _until("twenty beats", lambda: _beats_seen(beat, 20), 60)
+        assert sup.status()["restarts"] == 0 and sup.status()["pid"] == first
+    finally:
+        sup.stop()
+
+
+def _new_pid(sup, old: int) -> int | None:
+    st = sup.status()
+    return st["pid"] if st["state"] == "running" and st["pid"] not in (None, old) else None
+
+
+def _beats_seen(path: Path, n: int, seen: list = []) -> bool | None:  # noqa: B006
+    mtime = path.stat().st_mtime_ns if path.exists() else None
+    if mtime is not None and (not seen or seen[-1] != mtime):
+        seen.append(mtime)
+    return True if len(seen) >= n else None
+
+
+# A serve stand-in: a supervisor of a fake runner, in a process the test can SIGKILL.
+SUPERVISING = (
+    "import sys, time\n"
+    "from api.cli import supervise\n"
+    "sup = supervise.RunnerSupervisor(sys.argv[1], state_dir=sys.argv[2],\n"
+    "    command=[sys.executable, '-c', sys.argv[3], '-1', sys.argv[4]])\n"
+    "sup.start()\n"
+    "print(sup.status()['pid'], flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def _supervising(url: str, state: Path, deaf: bool) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISING, url, str(state), FAKE_RUNNER,
+         "deaf" if deaf else "hears"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    pid = int(proc.stdout.readline())
+    _until("the fake runner's first beat", lambda: next(state.glob("runner-*.beat"), None), 30)
+    return proc, pid  # it beats after its signal set-up: it is deaf now, if it is to be
+
+
+def test_a_runner_dies_with_the_serve_that_started_it(sqlite_url, tmp_path):
+    """SIGKILL of serve used to orphan its runner (it kept its lease and ran the sweep). Now the
+    runner gets a parent-death signal (SIGTERM, Linux) when its supervisor dies."""
+    serve_proc, runner = _supervising(sqlite_url, tmp_path, deaf=False)
+    assert _alive(runner)
+    serve_proc.kill()
+    serve_proc.wait()
+    _until("the orphan to die", lambda: True if not _alive(runner) else None, 30)
+
+
+def test_a_restarted_serve_ends_the_runner_a_previous_one_left(sqlite_url, tmp_path):
+    """A runner that outlived its serve (here: one that ignores the parent-death SIGTERM) is
+    found by the next supervisor of the same database and data directory (its pid file), and
+    ended — with its session — before the new runner starts; its sweeps are released."""
+    from service.store import Store
+
+    serve_proc, orphan = _supervising(sqlite_url, tmp_path, deaf=True)
+    serve_proc.kill()
+    serve_proc.wait()
+    assert _alive(orphan)  # deaf to SIGTERM: still there
+    with Store(sqlite_url) as store:
+        spec = {"name": "orphaned", "parameters": {"depth": 2, "epochs": 1, **TINY}}
+        sweep = store.create_sweep(parse_spec(spec))
+        assert store.claim_sweep(supervise.runner_id_of(orphan), 600.0).id == sweep.id
+        other = supervise.RunnerSupervisor(
+            sqlite_url + "-another", state_dir=tmp_path, command=fake_runner(-1)
+        )  # another database: its pid file is another one, and the orphan is not its own
+        other.start()
+        assert _alive(orphan)
+        other.stop()
+        sup = supervise.RunnerSupervisor(
+            sqlite_url, store=store, state_dir=tmp_path, command=fake_runner(-1), grace_s=1.0
+        )
+        try:
+            sup.start()
+            assert not _alive(orphan) and supervise.session_pids(orphan) == []
+            assert _alive(sup.status()["pid"])
+            info = store.get_sweep(sweep.id)
+            assert (info.status, info.runner_id) == ("queued", None)  # released at once
+        finally:
+            sup.stop()
+        assert not list(tmp_path.glob("runner-*.json"))  # stopped cleanly: no pid file left
+
+
+def _runners_of(url: str) -> list[int]:
+    """Live `isosweep runner` processes whose database is `url`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not _alive(int(entry.name)):
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            b"runner" in cmd
+            and b"api.cli.main" in cmd
+            and f"ISOSWEEP_DATABASE_URL={url}".encode() in env
+        ):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sigkill_of_serve_then_a_restart_leaves_one_runner_and_finishes_the_sweep_once(tmp_path):
+    """The audit's case: serve SIGKILLed mid-sweep; the orphan kept its lease and ran the sweep,
+    the restarted serve said "ok" and its own runner sat idle beside it. Now exactly one runner
+    of this database is alive after the restart, and the sweep is finished once, every trial
+    attempted as often as it was cut and every row stored once."""
+    from service.store import Store
+
+    url = f"sqlite:///{tmp_path / 'serve.db'}"
+    proc, base = _serve_with_runner(tmp_path)
+    try:
+        spec = {"name": "cut", "parameters": {"depth": 2, "epochs": 60, **TINY}, "seeds": 2}
+        sweep = _until("the API", lambda: _post(base, spec), proc=proc)
+        first = _until("the runner to run the sweep", lambda: _driving(base, sweep), proc=proc)
+    finally:
+        proc.kill()  # SIGKILL: no cleanup of its own
+        proc.wait()
+    proc, base = _serve_with_runner(tmp_path)
+    try:
+        done = _until("the sweep to finish", lambda: _completed(base, sweep), 300, proc=proc)
+        runners = _runners_of(url)
+        health = _health(base)[1]
+        assert runners == [health["runner"]["pid"]], (runners, first["pid"])
+        assert not _alive(first["pid"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
+    assert _runners_of(url) == []
+    with Store(url) as store:
+        trials, total = store.list_trials(sweep["id"], limit=100)
+        assert total == 2 and all(t.status == "completed" for t in trials)
+        assert all(t.epochs_done == 60 for t in trials)
+        frame = store.read_metrics(sweep["id"], metrics="train_loss")
+        assert len(frame) == 2 * 61 and not frame.duplicated(["trial_id", "epoch"]).any()
+    assert done["finished_at"] is not None
+
+
+def _completed(base: str, sweep: dict) -> dict | None:
+    try:
+        info = httpx.get(f"{base}/sweeps/{sweep['id']}", timeout=5).json()
+    except httpx.TransportError:
+        return None
+    return info if info["status"] == "completed" else None

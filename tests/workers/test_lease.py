@@ -152,3 +152,81 @@ def test_a_slow_ray_start_never_lets_two_runners_hold_a_sweep(database_url, tmp_
     keys = row_keys(store.read_metrics(sweep.id))
     assert len(keys) == len(set(keys)) and set(keys) == expected_keys(trials)
     store.close()
+
+
+# --- the lease-lost message: only when another holder is real ---------------------------------
+
+
+def _hold_until_it_stops(runner, store, sweep_id: int, then) -> tuple:
+    """Claim the sweep as `runner`, hold it (runner.hold: its heartbeat every lease/3), call
+    `then()` while it is held, and wait until the heartbeat has seen the change (its thread
+    ends, or 40 intervals pass); the control after."""
+    from workers.callbacks import SweepControl
+
+    since = time.monotonic()
+    assert store.claim_sweep(runner.runner_id, runner.lease_s).id == sweep_id
+    control = SweepControl()
+    with runner.hold(sweep_id, control, since=since) as beat:
+        then()
+        deadline = time.monotonic() + 40 * runner.lease_s / 3
+        while beat.thread.is_alive() and not control.lost.is_set():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    return control
+
+
+def _sweep(store, name: str):
+    spec = {"name": name, "parameters": {"depth": 2, "epochs": 1, **TINY}}
+    return store.create_sweep(parse_spec(spec))
+
+
+def test_a_finished_sweep_is_not_reported_as_held_by_another_runner(database_url, caplog):
+    """The audit's case (a 1 s lease on Postgres): right after its runner finished the sweep, the
+    heartbeat, which still ran, found it no longer running under this runner and logged "the
+    lease is lost (another runner holds it now)" — no other runner held it."""
+    import logging
+
+    from workers.runner import Runner
+
+    with Store(database_url) as store, caplog.at_level(logging.INFO, "isosweep"):
+        sweep = _sweep(store, "finished")
+        runner = Runner(store, runner_id="me", lease_s=0.3)
+
+        def finish():
+            store.request_cancel(sweep.id)
+            store.finish_sweep(sweep.id)  # what the end of its run does
+
+        control = _hold_until_it_stops(runner, store, sweep.id, finish)
+        assert "another runner" not in caplog.text and "lease is lost" not in caplog.text
+        assert not control.lost.is_set()
+        assert store.get_sweep(sweep.id).status == "cancelled"
+
+
+def test_a_lease_lost_to_another_runner_names_it(database_url, caplog):
+    import logging
+
+    from workers.runner import Runner
+
+    with Store(database_url) as store, caplog.at_level(logging.INFO, "isosweep"):
+        sweep = _sweep(store, "taken")
+        runner = Runner(store, runner_id="me", lease_s=0.3)
+
+        def take_over():  # its lease ran out (a stall), and another runner claimed the sweep
+            store.release_sweep(sweep.id, "me")
+            assert store.claim_sweep("intruder", 60.0).id == sweep.id
+
+        control = _hold_until_it_stops(runner, store, sweep.id, take_over)
+        assert control.lost.is_set()
+        assert "the lease is lost (runner intruder holds it now)" in caplog.text
+
+        caplog.clear()
+        other = _sweep(store, "released")
+        store.request_cancel(sweep.id)
+        store.finish_sweep(sweep.id)
+        control = _hold_until_it_stops(
+            runner, store, other.id, lambda: store.release_sweep(other.id, "me")
+        )
+        assert control.lost.is_set()  # not ours any more, but nobody else's either: said so
+        assert "another runner" not in caplog.text and "intruder" not in caplog.text
+        assert "no runner holds it" in caplog.text

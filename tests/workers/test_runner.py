@@ -292,7 +292,7 @@ def test_the_beat_comes_from_the_driver_loop_not_from_a_thread(sqlite_url, monke
     import workers.runner
 
     with Store(sqlite_url) as store:
-        sweep = submit(store, "stuck")
+        submit(store, "stuck")
         beats: list[float] = []
         runner = Runner(store, runner_id="me", lease_s=0.3, beat=lambda: beats.append(1.0))
         monkeypatch.setattr(runner, "start_ray", lambda: None)
