@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from service import models
+from service import field_effects, models
 from service.activations import ACTIVATION_NAMES
 from service.errors import InvalidInput
 from service.metric_names import (  # noqa: F401  (re-exported: the parts read them here)
@@ -160,22 +160,18 @@ class TrialConfig(BaseModel):
                 f"{self.batch_size}): at most batch_size samples can be measured",
                 field="jacobian_samples",
             )
-        if self.optimizer == "adam" and self.momentum != 0:
-            # Adam has no `momentum` (its β₁ is torch's 0.9): the value changes nothing, so it is
-            # normalized away and configs differing only in it hash equal (one result, reused),
-            # rather than passing for distinct trials.
-            object.__setattr__(self, "momentum", 0.0)
         self._check_model()
+        # Fields that cannot change the trial's numbers given the others (Adam's momentum, a
+        # family's unused fields, norm_eps without a norm, …: service.field_effects) take their
+        # defaults, so configs that run the same network hash equal (one result, reused)
+        # rather than passing for distinct trials.
+        for name, value in field_effects.reset_values(self, _defaults()).items():
+            object.__setattr__(self, name, value)
         return self
 
     def _check_model(self) -> None:
-        """The model family's own rules; fields that do not apply to it are reset to their
-        defaults (as Adam's momentum is), so configs that would run the same network hash equal."""
+        """The model family's own rules (the fields it does not use are reset afterwards)."""
         models.check_model_name(self.model)
-        defaults = _family_defaults()
-        for name in models.unused_fields(self.model):
-            if getattr(self, name) != defaults[name]:
-                object.__setattr__(self, name, defaults[name])
         if self.model in BUILTIN_MODELS:
             if self.model_params:
                 raise InvalidInput(
@@ -250,10 +246,10 @@ _PARAMS_AT = CONFIG_FIELDS.index("model_params")
 
 
 @cache
-def _family_defaults() -> dict[str, Any]:
-    """The defaults of the family-specific fields (service.models.FAMILY_SPECIFIC)."""
+def _defaults() -> dict[str, Any]:
+    """Every field's default (what service.field_effects resets a field to)."""
     fields = TrialConfig.model_fields
-    return {f: fields[f].get_default(call_default_factory=True) for f in models.FAMILY_SPECIFIC}
+    return {f: fields[f].get_default(call_default_factory=True) for f in fields}
 
 
 # The fields trials can be filtered by (`where`, query parameters): all but the JSON document of a

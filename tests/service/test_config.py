@@ -196,3 +196,84 @@ def test_model_combinations_that_cannot_run_name_their_field(kwargs, field, says
     with pytest.raises(InvalidInput) as exc:
         parse_trial_config(kwargs)
     assert exc.value.field == field and says in exc.value.message
+
+
+# --- one rule for fields without effect (service.field_effects) -------------------------------
+# The engine side (bit-identical records for every rule, and a control for each) is
+# tests/workers/test_field_reset.py; here the configs and the sweeps.
+
+
+def test_norm_position_under_no_norm_expands_to_one_trial_per_seed():
+    """The filed defect: `norm_position: [pre, post]` under `norm: none` ran every transformer
+    twice with identical numbers."""
+    spec = parse_spec(
+        {
+            "name": "t",
+            "parameters": {
+                "model": "transformer",
+                "norm": "none",
+                "norm_position": ["pre", "post"],
+                "width": 8,
+                "heads": 2,
+                "epochs": 0,
+            },
+            "seeds": 3,
+        }
+    )
+    trials = expand(spec)
+    assert spec.n_trials == 6  # the product: an upper bound
+    assert [(t.norm_position, t.seed) for t in trials] == [("pre", 0), ("pre", 1), ("pre", 2)]
+    with_norm = parse_spec(
+        {**spec.model_dump(), "parameters": {**spec.parameters, "norm": "layer"}}
+    )
+    assert len(expand(with_norm)) == 6  # with a norm, pre and post are two networks
+
+
+@pytest.mark.parametrize(
+    ("given", "reset"),
+    [
+        ({"norm": "none", "norm_eps": 0.1}, {"norm_eps": 1e-5}),
+        ({"norm": "none", "order": "act_norm"}, {"order": "norm_act"}),
+        ({"norm": "layer", "eval_norm": "batch"}, {"eval_norm": "running"}),
+        ({"epochs": 0, "optimizer": "adam", "lr": 0.5, "weight_decay": 0.1}, {"lr": 0.01}),
+        ({"epochs": 0, "record_every": 4}, {"record_every": 1}),
+        ({"epochs": 3, "record_every": 10}, {"record_every": 3}),
+        ({"init": "orthogonal", "head_init": "orthogonal"}, {"head_init": None}),
+        ({"orthogonal_gain": False}, {"orthogonal_gain": True}),
+        ({"init": "orthogonal", "orthogonal_gain": False, "init_gain": 2.0}, {"init_gain": 1.0}),
+        ({"depth": 1, "gain_exponent": 1.5}, {"gain_exponent": 0.0}),
+        (
+            {"model": "transformer", "width": 8, "heads": 2, "mlp_ratio": 0, "activation": "tanh"},
+            {"activation": "relu"},
+        ),
+    ],
+)
+def test_a_field_without_effect_takes_its_default_so_the_configs_hash_equal(given, reset):
+    config = TrialConfig(**given)
+    for field, value in reset.items():
+        assert getattr(config, field) == value
+    plain = {k: v for k, v in given.items() if k not in reset}
+    assert config_hash(config) == config_hash(TrialConfig(**{**plain, **reset}))
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"norm": "batch", "norm_eps": 0.1},
+        {"norm": "layer", "order": "act_norm"},
+        {"norm": "batch", "eval_norm": "batch"},
+        {"epochs": 1, "lr": 0.5},
+        {"epochs": 3, "record_every": 2},
+        {"head_init": "orthogonal"},
+        {"init": "orthogonal", "orthogonal_gain": False},
+        {"init": "orthogonal", "init_gain": 2.0},
+        {"depth": 2, "gain_exponent": 1.5},
+        {"model": "transformer", "width": 8, "heads": 2, "activation": "tanh"},
+        # a registered model builds its module from the whole config: nothing but training
+        # and the built-in families' own fields is reset for it (service.field_effects)
+    ],
+)
+def test_a_field_with_an_effect_is_kept(given):
+    config = TrialConfig(**given)
+    for field, value in given.items():
+        assert getattr(config, field) == value, field

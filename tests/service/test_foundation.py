@@ -97,6 +97,7 @@ NEEDS = {
     "kernel_size": {"model": "cnn"},
     **{f: {"model": "transformer"} for f in ("patch_size", "heads", "mlp_ratio", "skip")},
     "norm_position": {"model": "transformer"},
+    "orthogonal_gain": {"init": "orthogonal"},  # without an orthogonal init it has no effect
 }
 # model_params needs a registered model: tests/workers/test_model_registered.py hashes it
 UNTESTED_HERE = {"model_params"}

@@ -146,7 +146,7 @@ def test_sobol_points_put_one_point_in_each_of_n_intervals(seed):
 
 def test_a_sobol_lr_search_covers_each_decade_slice_once_per_depth():
     spec = spec_with(
-        {"depth": [5, 20], "lr": {"loguniform": [1e-4, 1e-0]}, "epochs": 0},
+        {"depth": [5, 20], "lr": {"loguniform": [1e-4, 1e-0]}, "epochs": 1},
         {"kind": "sobol", "n": 16, "seed": 3},
     )
     trials = expand(spec)
