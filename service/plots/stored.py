@@ -27,6 +27,7 @@ import pandas as pd
 
 from service.config import DATASET_SHAPES, FILTER_FIELDS, TrialConfig
 from service.errors import InvalidInput, LimitExceeded, NotFound
+from service.param_columns import column_of
 from service.plots import (
     FORMATS,
     GAP_METRICS,
@@ -209,6 +210,9 @@ def _one_trial(store: Store, sweep_id: int, trial_id: int, where: dict[str, Any]
         given = where.get(f)
         accepted = given is None or value in (given if isinstance(given, list) else [given])
         out[f] = [value] if accepted else []
+    for name, value in (t.config.get("model_params") or {}).items():  # service.param_columns
+        if column_of(name) not in out and not isinstance(value, list | dict):
+            out[column_of(name)] = [value]  # trials that differ only in a model parameter
     return out
 
 

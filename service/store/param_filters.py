@@ -14,7 +14,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from service import models
 from service.config import FILTER_FIELDS
 from service.errors import InvalidInput
-from service.param_columns import FIELD, canonical, param_of
+from service.param_columns import FIELD, canonical, column_of, param_of
 from service.store.models import SqlTrial
 
 
@@ -29,12 +29,17 @@ def param_condition(name: str, value: Any, *, where: str) -> ColumnElement[bool]
     """
     param = param_of(name)
     if param is None:
-        hint = "; filter by one model parameter, model_params.<name>" if name == FIELD else ""
+        known = models.param_columns()
+        hint = ""
+        if name == FIELD:
+            hint = "; filter by one model parameter, model_params.<name>"
+        elif column_of(name) in known:
+            hint = f"; did you mean {column_of(name)!r}? (a model parameter)"
         raise InvalidInput(
             f"unknown config field{hint}",
             field=where,
-            allowed=[*FILTER_FIELDS, *models.param_columns()],
-            given=name,
+            allowed=[*FILTER_FIELDS, *known],
+            given=None if hint else name,
         )
     values = value if isinstance(value, list | tuple) else [value]
     if not values:

@@ -127,3 +127,90 @@ def test_the_canary_shows_an_import_when_the_configuration_names_it(registry, mo
     get_settings.cache_clear()
     assert models.registered() == {}  # it registers nothing, but it ran
     assert registry.read_text() == "imported" and CANARY in sys.modules
+
+
+# --- the example's model_params axis through every read (issue 19) ----------------------------
+
+
+def _example_sweep(api) -> tuple[int, list[dict]]:
+    """examples/registered_model/spec.yaml submitted as YAML, its 6 trials given hand-made
+    records: trial t's train_loss at epoch e is 1000·t + 100·e, its rms at layer ℓ that + ℓ."""
+    import numpy as np
+
+    text = (EXAMPLE / "spec.yaml").read_text(encoding="utf-8")
+    r = api.post("/sweeps", content=text, headers={"Content-Type": "application/yaml"})
+    assert r.status_code == 201, r.text
+    sweep_id = r.json()["id"]
+    trials = api.get(f"/sweeps/{sweep_id}/trials").json()["data"]
+    assert len(trials) == 6
+    for t in trials:
+        api.store.start_trial(t["id"])
+        depth = t["config"]["depth"]
+        api.store.write_records(
+            [
+                (t["id"], {"epoch": e, "train_loss": 1000.0 * t["id"] + 100 * e,
+                           "rms": 1000.0 * t["id"] + 100 * e + np.arange(1, depth + 1.0)})
+                for e in range(3)
+            ]
+        )  # fmt: skip
+        api.store.finish_trial(t["id"], "completed")
+    return sweep_id, trials
+
+
+def test_the_examples_model_params_axis_reads_pooled_filtered_and_drawn(api, with_wide_mlp):
+    """The filed defect: metrics aggregate=true, the plots and the pooled CSV of this very
+    example answered 500 (unhashable dict); CSV wrote model_params as a Python repr."""
+    import csv
+    import io
+    import json
+
+    import isosweep
+
+    sweep_id, trials = _example_sweep(api)
+    base = f"/sweeps/{sweep_id}"
+    r = api.get(f"{base}/metrics", params={"metric": "rms", "layer": 1, "aggregate": "true"})
+    assert r.status_code == 200, r.text
+    rows = r.json()["data"]
+    assert len(rows) == 3 * 3  # parameter points × epochs
+    point = {json.dumps(t["config"]["model_params"], sort_keys=True): t["id"] for t in trials[::2]}
+    for row in rows:
+        assert isinstance(row["model_params"], dict)  # an object in JSON
+        assert row["model_params.expansion"] == row["model_params"]["expansion"]
+        t = point[json.dumps(row["model_params"], sort_keys=True)]
+        assert row["mean"] == 1000 * (t + 0.5) + 100 * row["epoch"] + 1 and row["count"] == 2
+    r = api.get(f"{base}/metrics", params={"metric": "rms", "aggregate": "true", "format": "csv"})
+    assert r.status_code == 200, r.text
+    table = list(csv.DictReader(io.StringIO(r.text)))
+    assert {json.loads(row["model_params"])["expansion"] for row in table} == {1, 4}
+    # filters, and a typo's did-you-mean
+    r = api.get(f"{base}/trials", params={"model_params.layer_norm": "false"})
+    assert [t["id"] for t in r.json()["data"]] == [t["id"] for t in trials[:4]]
+    r = api.get(f"{base}/metrics", params={"metric": "train_loss", "model_params.expansion": 4})
+    assert {row["trial_id"] for row in r.json()["data"]} == {t["id"] for t in trials[2:]}
+    r = api.get(f"{base}/metrics", params={"metric": "train_loss", "model_params.expanson": 4})
+    assert r.status_code == 422, r.text
+    assert "did you mean 'model_params.expansion'?" in r.json()["error"]["message"]
+    # every plot kind, grouped by each parameter
+    for kind, params in [
+        ("depth_scaling", {"metric": "rms", "x": "model_params.expansion"}),
+        ("training_curves", {"metric": "train_loss"}),
+        ("training_curves", {"metric": "train_loss", "group_by": "model_params.layer_norm"}),
+        ("layer_profile", {"metric": "rms", "group_by": "model_params.expansion"}),
+        ("heatmap", {"metric": "rms", "x": "model_params.expansion",
+                     "group_by": "model_params.layer_norm"}),
+    ]:  # fmt: skip
+        r = api.get(f"{base}/plots/{kind}", params=params)
+        assert r.status_code == 200, (kind, params, r.text)
+    r = api.get(
+        f"{base}/plots/training_curves",
+        params={"metric": "train_loss", "group_by": "model_params.layer_nrom"},
+    )
+    assert r.status_code == 422 and "model_params.layer_norm" in r.json()["error"]["message"]
+    # the dashboard's page filtered by a parameter, and the Python client
+    page = api.client.get(f"{api.url}/sweeps/{sweep_id}", params={"model_params.expansion": 4})
+    assert page.status_code == 200
+    with isosweep.Client(api.url) as client:
+        frame = client.metrics(sweep_id, metric="train_loss", epoch=2, aggregate=True)
+        assert sorted(frame["model_params.expansion"]) == [1, 4, 4]
+        four = client.metrics(sweep_id, metric="train_loss", where={"model_params.expansion": 4})
+        assert set(four["trial_id"]) == {t["id"] for t in trials[2:]}
