@@ -181,14 +181,21 @@ def swept_axes(
     a sampled parameter → None (its values are drawn). Fields `where` holds to one value are
     left out; a list in `where` narrows an axis to the values it names."""
     parameters = (spec or {}).get("parameters") or {}
+    from service.param_columns import FIELD as PARAMS
+    from service.param_columns import spec_param_axes
     from service.spec import swept_fields_of
 
-    out: dict[str, list[Any] | None] = {}
+    items: list[tuple[str, list[Any] | None]] = []
     for name in swept_fields_of(spec or {}):
         if name == "seed":
             continue
+        if name == PARAMS:  # an axis per model parameter its entries vary (model_params.<name>)
+            items += [(k, v) for k, v in spec_param_axes(spec or {}).items() if len(v) > 1]
+            continue
         value = parameters.get(name)
-        values = list(value) if isinstance(value, list) else None
+        items.append((name, list(value) if isinstance(value, list) else None))
+    out: dict[str, list[Any] | None] = {}
+    for name, values in items:
         held = (where or {}).get(name)
         if held is not None:
             held = held if isinstance(held, list | tuple) else [held]

@@ -262,6 +262,7 @@ def test_plots_group_pool_and_draw_by_a_model_parameter(wide):
         ("training_curves", {"group_by": "model_params.layer_norm"}),
         ("layer_profile", {"group_by": "model_params.expansion"}),
         ("heatmap", {"x": "model_params.expansion", "group_by": "model_params.layer_norm"}),
+        ("heatmap", {}),  # its default axes: the two parameters the entries vary
     ],
 )
 def test_every_plot_kind_draws_a_model_parameter_sweep(wide, kind, options):
