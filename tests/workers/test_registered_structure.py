@@ -243,3 +243,29 @@ def test_the_shipped_example_at_its_default_is_infinite(registry, monkeypatch):
     rec = probe_metrics(net, p, net.init_state(), x, torch.arange(24) % CLASSES)
     assert (rec["isometry_gap/output"] == math.inf).all()
     sys.modules.pop("wide_mlp", None)
+
+
+def test_an_affine_branch_added_to_its_own_input_counts_the_constant_once(registry):
+    """x (rank 4 through a bottleneck) + Linear(Linear(x) + b₁) + b₂: an affine map of x, so
+    rank ≤ rank(x) + 1 = 5 < n = 8 (+∞) although the branches' ranks sum past n (4 + 6); a
+    LayerNorm with β ≠ 0 then a Linear with a bias likewise add one constant row, not two."""
+
+    def blocks(d, depth):
+        return [
+            tnn.Sequential(tnn.Linear(d, 4, bias=False), tnn.Linear(4, d, bias=False)),
+            Residual(tnn.Identity(), tnn.Sequential(tnn.Linear(d, 2 * d), tnn.Linear(2 * d, d))),
+        ]
+
+    _, rec, taps = measure(registry, blocks, n=8, d=16)
+    assert [int(torch.linalg.matrix_rank(h)) for h in taps] == [4, 5]
+    assert (rec["isometry_gap/output"] == math.inf).all()
+
+    def shifted(d, depth):
+        ln = tnn.LayerNorm(d)
+        tnn.init.constant_(ln.bias, 0.7)
+        return [tnn.Sequential(tnn.Linear(d, 4, bias=False), tnn.Linear(4, d, bias=False)),
+                tnn.Sequential(ln, tnn.Linear(d, d))]  # fmt: skip
+
+    _, rec, taps = measure(registry, shifted, n=6, d=16)
+    assert [int(torch.linalg.matrix_rank(h)) for h in taps] == [4, 5]
+    assert (rec["isometry_gap/output"] == math.inf).all()

@@ -63,6 +63,8 @@ _ACT_METHODS = {"relu", "tanh", "sigmoid", "sin", "cos", "exp", "abs", "square"}
 _ADD = {operator.add, operator.iadd, torch.add, operator.sub, operator.isub, torch.sub}
 _SCALE = {operator.mul, operator.imul, torch.mul, operator.truediv, torch.div, operator.neg}
 _SAME_FUNCTIONS = {torch.flatten, torch.reshape, operator.pos, torch.clone}
+_METHOD_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+               "div": operator.truediv}  # fmt: skip
 _SAME_METHODS = {"view", "reshape", "flatten", "contiguous", "clone", "view_as", "reshape_as"}
 
 
@@ -208,7 +210,8 @@ class ModuleGraph:
 
 def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Structure]:
     n = x.shape[0]
-    s: dict[fx.Node, Structure] = {}
+    s: dict[Any, Structure] = {}  # fx nodes, and ("core", node): a norm's output with β = 0
+    origin: dict[fx.Node, tuple[Any, bool]] = {}
 
     def full(node: fx.Node, known: bool) -> Structure:
         f = g.features.get(node)
@@ -231,6 +234,7 @@ def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Str
             continue
         if node.op == "placeholder":
             s[node] = input_structure(x) if g.whole else full(node, False)
+            origin[node] = (node, False)
             continue
         if f is None:
             continue  # not a per-sample tensor (a shape, a scalar, a tuple): nothing to follow
@@ -243,7 +247,76 @@ def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Str
         elif node.op in ("call_function", "call_method"):
             rule = _function_rule(node, s, n, f)
         s[node] = rule if rule is not None else full(node, False)
-    return s
+        candidates: list[tuple[Any, bool]] = []  # on a tie the earliest origin wins
+        o = _affine_origin(node, g, origin, param)
+        if o is not None and o[0] in s:
+            candidates.append(o)
+        if node.op == "call_module" and rule is not None and src is not None:
+            m = g.root.get_submodule(str(node.target))
+            norms = tnn.LayerNorm | tnn.GroupNorm | tnn.modules.batchnorm._BatchNorm
+            if isinstance(m, norms) and not _is_zero(param(str(node.target), "bias")):
+                # a norm's shift β is one constant row 1βᵀ on top of its β = 0 output: later
+                # constants (a bias) fall into the same span(1), counted once
+                def no_shift(q: str, name: str) -> Tensor | None:
+                    return None if name == "bias" else param(q, name)
+
+                core = _module_rule(m, str(node.target), src, n, f, no_shift)
+                if core is not None:
+                    s[("core", node)] = core
+                    candidates.append((("core", node), True))
+        candidates.append((node, False))
+        # rank ≤ that of the node it is affine in (+ 1 for a constant row): the tightest
+        best = min(candidates, key=lambda oc: s[oc[0]].rank + int(oc[1]))
+        origin[node] = best
+        r = s[node]
+        s[node] = Structure(r.ones_in_null, min(r.rank, s[best[0]].rank + int(best[1])), r.known)
+    return {k: v for k, v in s.items() if isinstance(k, fx.Node)}
+
+
+def _affine_origin(
+    node: fx.Node,
+    g: _Traced,
+    origin: dict[fx.Node, tuple[Any, bool]],
+    param: Callable[[str, str], Tensor | None],
+) -> tuple[Any, bool] | None:
+    """(o, c) where the node's output is A·H_o + c·1vᵀ for an earlier node o — what a Linear, a
+    BatchNorm (H D − 1μᵀD + 1βᵀ: a constant row), a reshape, a scaling and an add of two such
+    maps of the same o keep — so its rank is ≤ rank(H_o) + c (the shared 1 counted once, as
+    resmlp's tracker counts it); None where the node is no such map."""
+    nodes = [a for a in node.args if isinstance(a, fx.Node)]
+    if not nodes or any(a not in origin for a in nodes):
+        return None
+    o, c = origin[nodes[0]]
+    if node.op == "call_module":
+        m = g.root.get_submodule(str(node.target))
+        if isinstance(m, tnn.Linear):
+            return o, c or not _is_zero(param(str(node.target), "bias"))
+        if isinstance(m, tnn.modules.batchnorm._BatchNorm):
+            return o, True
+        if isinstance(m, tnn.Identity | tnn.Flatten):
+            return o, c
+        return None
+    if node.op not in ("call_function", "call_method"):
+        return None
+    target = node.target
+    if node.op == "call_method":
+        target = _METHOD_OPS.get(str(target).rstrip("_"), target)
+        if target in _SAME_METHODS:
+            return (o, c) if _same_features(node, g.features.get(node) or -1) else None
+    if target in _SAME_FUNCTIONS:
+        return (o, c) if _same_features(node, g.features.get(node) or -1) else None
+    others = [a for a in node.args if a not in nodes]
+    if target in _ADD:
+        if len(nodes) == 2:
+            (o1, c1), (o2, c2) = origin[nodes[0]], origin[nodes[1]]
+            return (o1, c1 or c2) if o1 is o2 else None
+        if len(others) == 1 and isinstance(others[0], numbers.Number):
+            return o, c or others[0] != 0
+        return None
+    scaled = len(nodes) == 1 and node.args[0] is nodes[0]
+    if target in _SCALE and scaled and all(isinstance(a, numbers.Number) for a in others):
+        return o, c
+    return None
 
 
 def _module_rule(
