@@ -28,6 +28,9 @@ from service.errors import InvalidInput, IsosweepError
 _LAZY: dict[str, str] = {
     # training (torch) and sweeps (Ray)
     "fit": "workers.train",
+    # measurement of any torch module (docs/probe.md; torch)
+    "probe": "workers.probe",
+    "register_metric": "workers.custom_metrics",
     "run_sweep": "workers.driver",
     # configs, specs, settings, the store
     "TrialConfig": "service.config",
@@ -91,6 +94,8 @@ __all__ = [  # the client at once, the rest (_LAZY) on first use
     "moments",
     "parse_spec",
     "predict",
+    "probe",
+    "register_metric",
     "register_model",
     "registry_summary",
     "render",
@@ -130,5 +135,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         moments,
         registry_summary,
     )
+    from workers.custom_metrics import register_metric
     from workers.driver import run_sweep
+    from workers.probe import probe
     from workers.train import fit
