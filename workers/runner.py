@@ -123,6 +123,7 @@ def watch_supervisor(
     *,
     poll_s: float = 1.0,
     grace_s: float = ORPHAN_GRACE_S,
+    kill: Callable[[], None] | None = None,
 ) -> threading.Thread | None:
     """Under a supervisor (ISOSWEEP_SUPERVISOR_PID): a daemon thread that calls `stop()` once
     the supervisor is gone (this process re-parented), then, if the runner is still alive
@@ -140,13 +141,18 @@ def watch_supervisor(
         stop()
         time.sleep(grace_s)
         log.error("still running %gs after its supervisor died: killing itself", grace_s)
-        if os.getsid(0) == os.getpid():
-            os.killpg(os.getpgrp(), signal.SIGKILL)
-        os._exit(1)
+        (kill or _kill_own_session)()
 
     thread = threading.Thread(target=watch, name="supervisor-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _kill_own_session() -> None:
+    """SIGKILL this process's session (it leads one under serve: Ray's processes with it)."""
+    if os.getsid(0) == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(1)
 
 
 def default_runner_id() -> str:

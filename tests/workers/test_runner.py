@@ -320,3 +320,24 @@ def test_the_beat_comes_from_the_driver_loop_not_from_a_thread(sqlite_url, monke
     assert seen["stepping"] >= 5  # each step beat (and the claim before them)
     assert seen["stuck"] == seen["stepping"]  # the stuck loop did not
     assert seen["heartbeats"] >= 3  # though the lease's thread went on
+
+
+def test_the_watchdog_stops_a_runner_whose_supervisor_is_gone():
+    """ISOSWEEP_SUPERVISOR_PID names the supervisor; once this process's parent is another (the
+    supervisor died, the runner re-parented), stop() is called, and the runner's session killed
+    if it is still alive after the grace. No supervisor named: no watchdog."""
+    from workers.runner import SUPERVISOR_ENV, watch_supervisor
+
+    assert watch_supervisor(lambda: None, {}) is None
+    stopped, killed = threading.Event(), threading.Event()
+    thread = watch_supervisor(
+        stopped.set, {SUPERVISOR_ENV: str(os.getppid())}, poll_s=0.05, grace_s=0.0,
+        kill=killed.set,
+    )  # fmt: skip
+    assert thread is not None and not stopped.wait(0.3)  # its parent is the one named: no stop
+    gone = watch_supervisor(
+        stopped.set, {SUPERVISOR_ENV: str(os.getppid() + 1)}, poll_s=0.05, grace_s=0.0,
+        kill=killed.set,
+    )  # fmt: skip
+    assert gone is not None
+    assert stopped.wait(30) and killed.wait(30)
