@@ -184,3 +184,24 @@ def test_a_transformers_first_panel_is_finite_where_a_gap_is(api):
     assert "metric=isometry_gap%2Fresidual" in first, first
     for src in (first,):
         assert httpx.get(f"{api.url}{src}", timeout=120).status_code == 200
+
+
+def test_first_gap_before_records_and_where_none_is_finite():
+    from api.dashboard.pages import first_gap, recorded_layer_metrics
+
+    wide = {**TRANSFORMER, "width": 32, "heads": 4, "batch_size": 16}  # n ≤ d
+    narrow = {**TRANSFORMER, "width": 8, "batch_size": 100}  # n > d: every gap +∞
+    finite = {"isometry_gap/mlp", "range_isometry_gap/residual"}
+    for config, before in (
+        (wide, "isometry_gap/residual"),
+        (narrow, "range_isometry_gap/residual"),
+    ):
+        recorded = recorded_layer_metrics(config)
+        assert first_gap(recorded, config, lambda m: None) == before  # nothing stored yet
+        # stored, none finite: the family's first gap, its +∞ pinned and counted
+        assert first_gap(recorded, config, lambda m: False) == "isometry_gap/residual"
+        # the first finite one in the family's order, gaps before range gaps
+        assert first_gap(recorded, config, lambda m: m in finite) == "isometry_gap/mlp"
+    mlp = {"width": 16, "batch_size": 8}
+    recorded = recorded_layer_metrics(mlp)
+    assert first_gap(recorded, mlp, lambda m: m.startswith("range_")) == "range_isometry_gap/act"
