@@ -17,8 +17,13 @@ How a member's numbers stay its own:
   members' own probe batches (`metrics.probe_metrics_packed`), the float64 factorizations of all
   members' taps in shared batched calls, the test and epoch-0 training sets in one vmap'd
   evaluation — and assembled member by member (`Trial.record`). Epoch 0 agrees with
-  `fit(config)` to ≤ 1e-6 relative (most arrays bit for bit: 463 of 506 measured); a later
-  epoch differs besides through training.
+  `fit(config)` bit for bit in most arrays (463 of 506 measured); elsewhere by the batched
+  kernels' float32 rounding of the forward pass, which a gap amplifies with its Gram's
+  conditioning. Measured (bench/pack_conditioning.py: 908 finite gaps of 20 float32 members of
+  mlp and resmlp packs), the largest relative difference by λ_min/λ_max: 1.1e-7 at ≥ 1e-4,
+  5.3e-7 in [1e-6, 1e-4), 2.8e-6 in [1e-8, 1e-6), 1.6e-5 in [1e-12, 1e-8); those packs' gaps at
+  1e-22..1e-14 happened to be bit-identical, while an audit saw 4.9e-4 at 1.5e-14 (resmlp, gelu,
+  BatchNorm). A later epoch differs besides through training.
 - Training runs the family's pure forward under `torch.func.vmap` over the stacked parameters
   and running statistics (K, …), each member on its own minibatch; the loss is the sum of the
   members' mean cross-entropies, so each member's gradient is its own. The optimizers (SGD with
