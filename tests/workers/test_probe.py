@@ -23,6 +23,14 @@ from workers.train import Trial, fit
 
 RTOL = 1e-9
 
+
+@pytest.fixture
+def fresh_metrics(monkeypatch):
+    from workers import custom_metrics
+
+    monkeypatch.setattr(custom_metrics, "_REGISTRY", {})
+
+
 # --- the built-in families as torch.nn.Modules ------------------------------------------------
 
 
@@ -381,3 +389,35 @@ def test_isosweep_exports_probe_lazily():
     assert isosweep.probe is probe
     assert isosweep.register_metric is not None
     assert "probe" in dir(isosweep)
+
+
+def test_the_guides_code_runs_and_gives_its_printed_numbers(fresh_metrics):
+    """docs/probe.md's python blocks, run in order; the numbers it prints are what they give."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "probe.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    scope: dict = {}
+    for code in blocks:
+        exec(compile(code, "docs/probe.md", "exec"), scope)
+    np.testing.assert_allclose(
+        scope["record"]["isometry_gap/output"],
+        [0.61765826, 0.84119517, 0.94755447, 1.04569178],
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        scope["record"]["grad_norm"], [1.54583238, 1.39724564, 1.18672984, 0.91324951], rtol=1e-6
+    )
+    assert np.isinf(scope["norms"]["isometry_gap/output"]).all()
+    np.testing.assert_allclose(
+        scope["norms"]["range_isometry_gap/output"],
+        [0.54807311, 0.80598021, 0.83615541, 0.96534273],
+        rtol=1e-6,
+    )
+    assert "frobenius" not in scope["norms"]  # registered after the probes
+    x = scope["x"]
+    got = probe(scope["model"], x, taps="blocks.{i}")["frobenius"]
+    np.testing.assert_allclose(
+        got[0], float(scope["model"].blocks[0](x).detach().double().norm()), rtol=1e-9
+    )
