@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 
 from api.schemas import METRIC_ROW_SCHEMA, NONFINITE_SCHEMA
 from service.config import METRICS, TrialConfig
-from service.spec import DOCUMENT_FIELDS, SEED_LIMIT, SWEPT_BY_SPEC, SweepSpec
+from service.spec import DOCUMENT_FIELDS, EXPR, SEED_LIMIT, SWEPT_BY_SPEC, ZIP, SweepSpec
 
 REF = "#/components/schemas/{model}"
 YAML_BODY = {
@@ -104,6 +104,15 @@ DISTRIBUTIONS = {
         ),
     )
 }
+EXPR_SCHEMA = {
+    "title": "Expr",
+    "type": "object",
+    "description": "a derived field: an expression of the other fields, computed per trial "
+    '(service.expressions), e.g. "1/sqrt(depth)"',
+    "properties": {EXPR: {"type": "string", "minLength": 1}},
+    "required": [EXPR],
+    "additionalProperties": False,
+}
 RANGES = {  # the ranges a field of this JSON type can be sampled from
     "number": ("Uniform", "LogUniform", "IntRange"),
     "integer": ("IntRange",),
@@ -126,11 +135,10 @@ def _distributions(one: dict[str, Any]) -> list[dict[str, Any]]:
 def _parameter(name: str, field: dict[str, Any]) -> dict[str, Any]:
     one = _value_schema(field)
     alts = [one, {"type": "array", "items": one, "minItems": 1, "uniqueItems": True}]
-    if name not in DOCUMENT_FIELDS:  # a document field's mapping is its value, not sampled
-        alts += _distributions(one)
     forms = "a value or a grid axis (a list)"
-    if name not in DOCUMENT_FIELDS:
-        forms = "a value, a grid axis (a list) or a distribution sampled by `search`"
+    if name not in DOCUMENT_FIELDS:  # a document field's mapping is its value, never sampled
+        alts += [{"$ref": REF.format(model="Expr")}, *_distributions(one)]
+        forms = "a value, a grid axis (a list), an {expr} or a distribution sampled by `search`"
     return {"anyOf": alts, "description": f"{one.get('description', name)}: {forms}"}
 
 
@@ -141,13 +149,24 @@ def spec_schema() -> dict[str, Any]:
     spec.pop("$defs", None)
     fields = TrialConfig.model_json_schema()["properties"]
     props = spec["properties"]
+    point = {"$ref": REF.format(model="LinkedPoint")}
+    axis = {"type": "array", "items": point, "minItems": 1, "uniqueItems": True}
+    linked = {
+        "anyOf": [axis, {"type": "array", "items": axis, "minItems": 1}],
+        "description": "linked axes: one (a list of points) or several (a list of such lists); "
+        "every point of one sets the same fields",
+    }
     props["parameters"] = {
         "type": "object",
-        "properties": {name: _parameter(name, fields[name]) for name in SWEPT_BY_SPEC},
+        "properties": {
+            **{name: _parameter(name, fields[name]) for name in SWEPT_BY_SPEC},
+            ZIP: linked,
+        },
         "additionalProperties": False,
         "description": "TrialConfig fields (but seed): a list is a grid axis, a scalar is fixed, "
-        "a distribution ({uniform: [a, b]}, {loguniform: [a, b]}, {int: [a, b], log}, "
-        "{choice: [...]}) is sampled by `search`",
+        "{expr: …} is derived from the others, a distribution ({uniform: [a, b]}, {loguniform: "
+        "[a, b]}, {int: [a, b], log}, {choice: [...]}) is sampled by `search`; `zip` holds "
+        "linked axes",
     }
     seed = {"type": "integer", "minimum": 0, "exclusiveMaximum": SEED_LIMIT}
     props["seeds"] = {
@@ -178,9 +197,23 @@ def spec_schema() -> dict[str, Any]:
     return spec
 
 
+def linked_point() -> dict[str, Any]:
+    """One point of a linked axis (parameters.zip)."""
+    fields = TrialConfig.model_json_schema()["properties"]
+    return {
+        "type": "object",
+        "title": "LinkedPoint",
+        "description": "one point of a linked axis: one value for each field it sets",
+        "properties": {name: _value_schema(fields[name]) for name in SWEPT_BY_SPEC},
+        "minProperties": 1,
+        "additionalProperties": False,
+    }
+
+
 def spec_components() -> dict[str, Any]:
-    """SweepSpec and what it refers to (Resources, Search, TpeSearch, EarlyStop), with metric
-    names as enums and the epochs a search reads bounded as the spec checks them."""
+    """SweepSpec and what it refers to (the distributions, Expr, LinkedPoint, Resources, Search,
+    TpeSearch, EarlyStop), with metric names as enums and the epoch a TPE search reads bounded
+    as the spec checks it."""
     defs = SweepSpec.model_json_schema(ref_template=REF)["$defs"]
     tpe, stop = copy.deepcopy(defs["TpeSearch"]), copy.deepcopy(defs["EarlyStop"])
     tpe["properties"]["objective"]["enum"] = list(METRICS)
@@ -189,7 +222,15 @@ def spec_components() -> dict[str, Any]:
         {"type": "integer", "minimum": 0},
     ]
     stop["properties"]["metric"]["enum"] = list(METRICS)
-    return {"SweepSpec": spec_schema(), **defs, "TpeSearch": tpe, "EarlyStop": stop}
+    return {
+        "SweepSpec": spec_schema(),
+        "LinkedPoint": linked_point(),
+        "Expr": EXPR_SCHEMA,
+        **DISTRIBUTIONS,
+        **defs,
+        "TpeSearch": tpe,
+        "EarlyStop": stop,
+    }
 
 
 def finish(doc: dict[str, Any]) -> dict[str, Any]:
@@ -197,7 +238,6 @@ def finish(doc: dict[str, Any]) -> dict[str, Any]:
     (SPEC_BODY) and the rows of MetricsPublic (api.schemas.METRIC_ROW_SCHEMA)."""
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(spec_components())
-    schemas.update(DISTRIBUTIONS)
     schemas["MetricRow"] = METRIC_ROW_SCHEMA
     schemas["NonFinite"] = NONFINITE_SCHEMA
     return doc

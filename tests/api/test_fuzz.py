@@ -32,6 +32,7 @@ CHECKS = [
 ]
 
 
+READ_TIMEOUT_S = 120
 LIMITS = {"max_trials_per_sweep": 24, "max_points": 50_000, "max_body_bytes": 20_000}
 # The app is built once, without a store: `wired` plugs in a fresh, filled one for each test.
 # (Loading the schema runs the app's lifespan, which opens its own store: keep it in memory.)
@@ -74,7 +75,9 @@ def wired(start_api):
     suppress_health_check=list(HealthCheck),
 )
 def test_no_server_errors_and_no_schema_violations(case):
-    case.call_and_validate(checks=CHECKS)
+    # Latency is not checked here: schemathesis's 10 s read timeout failed plots on a loaded
+    # 2-core machine, so the client waits longer than the plot time limit (a 504 is declared).
+    case.call_and_validate(checks=CHECKS, timeout=READ_TIMEOUT_S)
 
 
 # Schemathesis rarely builds the values the databases refuse, so they get a generator of their

@@ -123,6 +123,26 @@ def test_every_sampled_form_is_valid_and_accepted_by_the_server(params):
     parse_spec(spec)  # and the server takes it (raises otherwise)
 
 
+LINKED = [  # derived fields and linked axes (docs/api.md, "Derived and linked parameters")
+    {"depth": [4, 8], "residual_scale": {"expr": "1/sqrt(depth)"}, "model": "resmlp"},
+    {"width": {"expr": "2*batch_size"}},
+    {"zip": [{"width": 8, "batch_size": 8}, {"width": 16, "batch_size": 16}]},
+    {"zip": [[{"width": 8}, {"width": 16}], [{"init": "gaussian"}, {"init": "orthogonal"}]]},
+]
+
+
+@pytest.mark.parametrize("params", LINKED, ids=lambda p: ",".join(p))
+def test_derived_fields_and_linked_axes_are_valid_and_accepted(params):
+    spec = spec_with(params)
+    zips = params.get("zip", [])
+    groups = zips if zips and isinstance(zips[0], list) else [zips]
+    linked = {k for group in groups for point in group for k in point}  # not set twice
+    spec["parameters"] = {k: v for k, v in spec["parameters"].items() if k not in linked}
+    assert accepted(SPEC, spec), [e.message for e in SPEC.iter_errors(spec)][:3]
+    stored = parse_spec(spec).model_dump(mode="json")
+    assert accepted(SPEC, stored), [e.message for e in SPEC.iter_errors(stored)][:3]
+
+
 TPE = {"kind": "tpe", "n": 4, "objective": "test_loss", "mode": "min", "epoch": "last"}
 SEARCHES = [
     {"kind": "random", "n": 3, "seed": 7},
@@ -159,6 +179,12 @@ REFUSED = [  # what the schema refuses, the server refuses too (422 naming the f
     ({"lr": {"loguniform": [1e-3, 1e-1]}}, {"search": {**TPE, "objective": "tset_loss"}}),
     ({"lr": {"loguniform": [1e-3, 1e-1]}}, {"search": {**TPE, "epoch": -1}}),
     ({}, {"early_stop": {"kind": "successive_halving", "metric": "accuracy"}}),
+    ({"width": {"expr": 16}}, {}),  # an expression is text
+    ({"width": {"expr": "2*batch_size", "int": [1, 2]}}, {}),
+    ({"zip": [{"width": [8, 16]}]}, {}),  # one value per point
+    ({"zip": [{"widht": 8}]}, {}),
+    ({"zip": [{}]}, {}),
+    ({"zip": []}, {}),
     ({}, {"seeds": 0}),
     ({}, {"seeds": [0, 0]}),
     ({}, {"seeds": [-1]}),
@@ -175,19 +201,22 @@ def test_what_the_schema_refuses_the_server_refuses(params, top):
 
 def test_every_swept_field_is_in_the_schema_with_its_forms():
     params = DOC["components"]["schemas"]["SweepSpec"]["properties"]["parameters"]["properties"]
-    assert set(params) == set(SWEPT_BY_SPEC)
+    assert set(params) == {*SWEPT_BY_SPEC, "zip"}
+    del params["zip"]
     fields = TrialConfig.model_json_schema()["properties"]
     for name, schema in params.items():
         forms = {a.get("$ref", "").rsplit("/", 1)[-1] for a in schema["anyOf"]}
         types = {b.get("type") for b in fields[name].get("anyOf", [fields[name]])}
-        if name == "model_params":  # a mapping is its value, never a distribution
+        if name == "model_params":  # a mapping is its value, never derived or sampled
             assert len(schema["anyOf"]) == 2, name
-        elif "number" in types:
+            continue
+        assert "Expr" in forms, name
+        if "number" in types:
             assert forms >= {"Uniform", "LogUniform", "IntRange"}, name
         elif "integer" in types:
             assert "IntRange" in forms and "Uniform" not in forms, name
         else:
-            assert not forms - {""}, name
+            assert not forms - {"", "Expr"}, name
         if name != "model_params":
             assert any("choice" in a.get("properties", {}) for a in schema["anyOf"]), name
 
