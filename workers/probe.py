@@ -58,6 +58,7 @@ def probe(
     head: str | None = None,
     mode: Literal["batch", "eval"] = "batch",
     metrics: bool = True,
+    previous: dict[str, Tensor] | None = None,
 ) -> dict[str, Any]:
     """The per-tap measurement of the batch `x` through `module` (docs/probe.md).
 
@@ -72,6 +73,10 @@ def probe(
     mode: "batch" — train-mode behaviour on copies of the buffers (normalization layers use the
     batch's own statistics, as a trial's probe does); "eval" — eval mode, the running statistics.
     metrics: also the registered per-tap metrics (workers/custom_metrics.py).
+    previous: parameters recorded earlier (name → tensor, e.g. a detached copy of
+    `named_parameters()`): the record gets "update_ratio" per tap — ‖θ − θ_prev‖_F / ‖θ_prev‖_F
+    over the parameters with two or more axes inside the tapped submodule — and
+    "head_update_ratio".
     """
     args = (x,) if isinstance(x, Tensor) else tuple(x)
     if not args or not isinstance(args[0], Tensor) or args[0].ndim == 0:
@@ -103,6 +108,8 @@ def probe(
         record.pop("head_grad_norm", None)
         record.pop("head_weight_isometry_gap")
     record.update(_token_metrics(outs))
+    if previous is not None:
+        record.update(_update_ratios(net, params, previous))
     if metrics:
         from workers.custom_metrics import tap_metrics
 
@@ -329,6 +336,41 @@ def _gradients(
     grads = {k: torch.zeros_like(t) for k, t in zip(names, wrt, strict=True)}
     grads.update({names[i]: gi for i, gi in zip(live, g, strict=True)})
     return grads
+
+
+def _update_ratios(
+    net: _ModuleNet, params: dict[str, Tensor], previous: dict[str, Tensor]
+) -> dict[str, Any]:
+    """ "update_ratio" per tap and "head_update_ratio": ‖θ − θ_prev‖_F / ‖θ_prev‖_F over the
+    listed weights (float64; NaN for a tap without one, +inf from a zero θ_prev)."""
+
+    def ratio(names: list[str]) -> float:
+        if not names:
+            return math.nan
+        for k in names:
+            if k not in previous:
+                raise InvalidInput(f"probe: previous has no parameter {k!r}", field="previous")
+            if tuple(previous[k].shape) != tuple(params[k].shape):
+                raise InvalidInput(
+                    f"probe: previous[{k!r}] has shape {tuple(previous[k].shape)}, the "
+                    f"parameter {tuple(params[k].shape)}",
+                    field="previous",
+                )
+        with torch.no_grad():
+            now = torch.cat([params[k].detach().reshape(-1).to(F64) for k in names])
+            then = torch.cat(
+                [previous[k].detach().reshape(-1).to(device=now.device, dtype=F64) for k in names]
+            )
+            step, size = (
+                float(torch.linalg.vector_norm(now - then)),
+                float(torch.linalg.vector_norm(then)),
+            )
+        return step / size if size > 0 else (math.nan if step == 0 else math.inf)
+
+    out: dict[str, Any] = {"update_ratio": np.array([ratio(ws) for ws in net.layer_weights()])}
+    if net.head_weight != NO_HEAD:
+        out["head_update_ratio"] = ratio([net.head_weight])
+    return out
 
 
 def _token_metrics(outs: list[Tensor]) -> dict[str, np.ndarray]:

@@ -421,3 +421,30 @@ def test_the_guides_code_runs_and_gives_its_printed_numbers(fresh_metrics):
     np.testing.assert_allclose(
         got[0], float(scope["model"].blocks[0](x).detach().double().norm()), rtol=1e-9
     )
+
+
+def test_update_ratio_between_two_probes_closed_form():
+    """‖ΔW‖/‖W‖ per tap: W ← (1 + c)W gives |c| exactly by construction (up to rounding); a
+    bias's change is not a weight's; a tap without a matrix parameter is NaN."""
+    torch.manual_seed(4)
+    m = tnn.Sequential(tnn.Linear(5, 7), tnn.Tanh(), tnn.Linear(7, 7), tnn.Linear(7, 3)).double()
+    previous = {k: v.detach().clone() for k, v in m.named_parameters()}
+    E = torch.randn(7, 7, dtype=torch.float64)
+    with torch.no_grad():
+        m[0].weight.mul_(1 - 0.125)
+        m[0].bias.add_(10.0)  # not counted: biases have one axis
+        m[2].weight.add_(E)
+        m[3].weight.mul_(1.5)
+    x = torch.randn(4, 5, dtype=torch.float64)
+    record = probe(m, x, taps=["0", "1", "2"], previous=previous)
+    ratio = record["update_ratio"]
+    assert ratio[0] == pytest.approx(0.125, rel=1e-12)
+    assert math.isnan(ratio[1])
+    assert ratio[2] == pytest.approx(float(E.norm() / previous["2.weight"].norm()), rel=1e-12)
+    assert record["head_update_ratio"] == pytest.approx(0.5, rel=1e-12)
+    same = probe(m, x, taps=["0"], previous={k: v.detach() for k, v in m.named_parameters()})
+    assert same["update_ratio"][0] == 0
+    with pytest.raises(InvalidInput, match=r"previous has no parameter '0\.weight'"):
+        probe(m, x, taps=["0"], previous={})
+    with pytest.raises(InvalidInput, match=r"previous\['0.weight'\] has shape \(2,\)"):
+        probe(m, x, taps=["0"], previous={**previous, "0.weight": torch.zeros(2)})
