@@ -29,9 +29,23 @@ _REGISTRY: dict[str, Metric] = {}
 
 def effective_rank(H: Any) -> float:
     """exp(−Σ pᵢ log pᵢ), pᵢ = σᵢ / Σσ, the singular values σ of H (n, −1); NaN for H = 0."""
+    return _effective_rank(_singular_values(H))
+
+
+def stable_rank(H: Any) -> float:
+    """‖H‖²_F / ‖H‖²₂ of H (n, −1); NaN for H = 0."""
+    return _stable_rank(_singular_values(H))
+
+
+def _singular_values(H: Any) -> Any:
     import torch
 
-    s = torch.linalg.svdvals(H.reshape(len(H), -1).to(torch.float64))
+    return torch.linalg.svdvals(H.reshape(len(H), -1).to(torch.float64))
+
+
+def _effective_rank(s: Any) -> float:
+    import torch
+
     total = s.sum()
     if not total > 0:
         return math.nan
@@ -39,15 +53,11 @@ def effective_rank(H: Any) -> float:
     return float(torch.exp(-(p * torch.log(p)).sum()))
 
 
-def stable_rank(H: Any) -> float:
-    """‖H‖²_F / ‖H‖²₂ of H (n, −1); NaN for H = 0."""
-    import torch
-
-    M = H.reshape(len(H), -1).to(torch.float64)
-    top = torch.linalg.matrix_norm(M, ord=2)
+def _stable_rank(s: Any) -> float:
+    top = s.max() if s.numel() else s.sum()
     if not top > 0:
         return math.nan
-    return float(M.square().sum() / top.square())
+    return float((s / top).square().sum())
 
 
 BUILT_IN: dict[str, Metric] = {"effective_rank": effective_rank, "stable_rank": stable_rank}
@@ -87,10 +97,13 @@ def tap_metrics(taps: list[Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    fns = {**BUILT_IN, **registered()}
+    fns = registered()
     out = {}
     with torch.no_grad():
         features = [t.detach().to(torch.float64) for t in taps]
+        sigma = [_singular_values(H) for H in features]  # one SVD per tap for both built-ins
+        out["effective_rank"] = np.array([_effective_rank(s) for s in sigma])
+        out["stable_rank"] = np.array([_stable_rank(s) for s in sigma])
         for name, fn in fns.items():
             values = np.empty(len(features))
             for i, H in enumerate(features):
