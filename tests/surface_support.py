@@ -86,9 +86,9 @@ FAMILIES_UNPACKED = {
 
 
 def sweeps_to_run() -> dict[str, dict[str, Any]]:
-    """Every example, shrunk, under its file's stem; then `lr_search@sobol` (its random search as
-    Sobol), `lr-depth-trainability@tpe` (TPE with successive halving, as the spec's comment
-    says), and `families@unpacked` (every family, pack: 1). The examples set no `pack`: they
+    """Every example, shrunk, under its file's stem; then `lr_search-sobol` (its random search as
+    Sobol), `lr-depth-trainability-tpe` (TPE with successive halving, as the spec's comment
+    says), and `families-unpacked` (every family, pack: 1). The examples set no `pack`: they
     are packed automatically."""
     specs = {name: shrink(load_example(name)) for name in EXAMPLE_FILES}
     sobol = copy.deepcopy(specs["lr_search"])
@@ -97,8 +97,8 @@ def sweeps_to_run() -> dict[str, dict[str, Any]]:
     tpe = copy.deepcopy(specs["lr-depth-trainability"])
     tpe["search"] = {"kind": "tpe", "n": 3, "objective": "test_loss", "mode": "min", "seed": 0}
     tpe["name"] += "-tpe"
-    specs |= {"lr_search@sobol": sobol, "lr-depth-trainability@tpe": tpe}
-    specs["families@unpacked"] = copy.deepcopy(FAMILIES_UNPACKED)
+    specs |= {"lr_search-sobol": sobol, "lr-depth-trainability-tpe": tpe}
+    specs["families-unpacked"] = copy.deepcopy(FAMILIES_UNPACKED)
     return specs
 
 
@@ -128,7 +128,9 @@ def swept_fields(spec: dict[str, Any]) -> list[str]:
 # --- the server -----------------------------------------------------------------------------
 
 
-TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(?:[ \t].*\n|\S.*Error.*\n)*")
+TRACEBACK = re.compile(
+    r"Traceback \(most recent call last\):\n(?:[ \t].*\n|[A-Za-z_][\w.]*(?:Error|Exception)\b.*\n)*"
+)
 
 
 @dataclass
@@ -144,13 +146,22 @@ class Served:
         return self.log.stat().st_size
 
     def tracebacks_since(self, offset: int) -> str:
-        """The server's log after `offset`, cut to its tracebacks (or its last 3000 characters
-        when it has none): what a 5xx left behind."""
+        """The server's log after `offset`, cut to the last frames of each distinct traceback
+        (or its last 2000 characters when it has none): what a 5xx left behind."""
         with self.log.open("rb") as f:
             f.seek(offset)
             text = f.read().decode("utf-8", "replace")
-        found = [m.group(0) for m in TRACEBACK.finditer(text)]
-        return "\n".join(found)[-6000:] if found else text[-3000:]
+        found = [_ours(m.group(0)) for m in TRACEBACK.finditer(text)]
+        return "\n".join(dict.fromkeys(found))[-4000:] if found else text[-2000:]
+
+
+def _ours(traceback: str) -> str:
+    """A traceback cut to the project's own frames (file and source line) and the error."""
+    lines, keep = traceback.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith('  File "') and str(ROOT) in line and "/.venv/" not in line:
+            keep += lines[i : i + 2]
+    return "\n".join([*keep[-12:], lines[-1]])
 
 
 def serve_env() -> dict[str, str]:

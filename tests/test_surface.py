@@ -645,8 +645,9 @@ def page_links(html: str) -> list[str]:
 
 
 def check_page(surface: Surface, path: str, found: list[str], *, strict_images: bool) -> str:
-    """A dashboard page (200) and every API link and image on it: no 5xx; images 200 when
-    `strict_images` (the page's own default plots), else 200 or a 422 naming why."""
+    """A dashboard page (200) and every API link on it: no 5xx; downloads 200; figures 200 when
+    `strict_images` (the page's default figure), else 200 or a 422 naming why — but not a
+    figure the page itself proposes that is refused as a metric or field the sweep lacks."""
     web = httpx.Client(base_url=surface.url, timeout=300)
     try:
         offset = surface.served.log_size()
@@ -657,14 +658,19 @@ def check_page(surface: Surface, path: str, found: list[str], *, strict_images: 
                 f"{surface.served.tracebacks_since(offset) if r.status_code >= 500 else ''}"
             )
             return ""
-        images = set(re.findall(r'<img[^>]*src="([^"]+)"', r.text))
         for link in page_links(r.text):
             if not link.startswith("/api/"):
                 continue
-            strict = strict_images or link not in {i.replace("&amp;", "&") for i in images}
+            figure = "/plots/" in link  # the page's figures (SVG, and their PNG links)
+            strict = strict_images or not figure
             got = attempt(found, surface.get, link.removeprefix("/api/v1"), may_refuse=not strict)
-            if got is not None and family_blind(got):
-                found.append(f"{path}: {link} draws a metric the sweep does not record: {got.text}")
+            if (
+                got is not None
+                and figure
+                and got.status_code == 422
+                and (family_blind(got) or "did you mean" in got.text)
+            ):
+                found.append(f"{path}: its own default figure {link} is refused: {got.text}")
         return r.text
     finally:
         web.close()
