@@ -22,6 +22,10 @@ is traced on its own, its input treated as unknown. Per node:
   forced dependence, rank ≤ min(n, d), as the families assume;
 - a residual add (or difference) of two nodes: rank ≤ the sum, 1 in the null space if in both;
   plus a number: rank + 1 unless it is 0;
+- a node that is an affine map of an earlier node o (a Linear, a BatchNorm, a reshape, a scaling,
+  an add of two maps of the same o): rank ≤ rank(o) + 1 for the constant rows 1vᵀ of its
+  biases and shifts, counted once (`_affine_origin`); a norm with β ≠ 0 is its β = 0 output
+  plus one such row;
 - a submodule with an `isosweep_structure(n, features) -> (ones_in_null, rank)` method: what it
   declares (and tracing does not enter it) — for what the rules cannot see;
 - anything else: unknown (`Structure.known` False, rank only min(n, d)); an unknown input stays
