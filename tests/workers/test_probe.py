@@ -448,3 +448,58 @@ def test_update_ratio_between_two_probes_closed_form():
         probe(m, x, taps=["0"], previous={})
     with pytest.raises(InvalidInput, match=r"previous\['0.weight'\] has shape \(2,\)"):
         probe(m, x, taps=["0"], previous={**previous, "0.weight": torch.zeros(2)})
+
+
+class _BNBlocks(tnn.Module):
+    def __init__(self, d_in: int, d: int, depth: int, classes: int) -> None:
+        super().__init__()
+        self.inp = tnn.Linear(d_in, d)
+        self.blocks = tnn.ModuleList(
+            tnn.Sequential(tnn.Linear(d, d), tnn.BatchNorm1d(d), tnn.ReLU()) for _ in range(depth)
+        )
+        self.head = tnn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for b in self.blocks:
+            h = b(h) + h
+        return self.head(h)
+
+
+def test_probe_equals_a_registered_models_trial(monkeypatch):
+    """The registered-model path: fit's epoch-0 record of a registered module (its structure
+    traced by the same ModuleGraph) and probe of that module holding the trial's weights agree
+    on every key, structural +inf of the BatchNorm taps included."""
+    from service import models
+
+    monkeypatch.setattr(models, "_REGISTRY", {})
+    monkeypatch.setattr(models, "_loaded", True)
+    taps = (*(f"blocks.{i}.{j}" for i in range(2) for j in (0, 1)), "blocks.1")
+
+    def build(params, *, d_in, n_classes, config):
+        return _BNBlocks(d_in, config.width, 2, n_classes)
+
+    models.register_model("bn_blocks", build, taps=taps, head="head.weight")
+    config = TrialConfig(
+        model="bn_blocks", depth=len(taps), width=24, batch_size=12, epochs=0, dtype="float64"
+    )
+    record = next(iter(fit(config)))
+    trial = Trial(config)
+    module = build(None, d_in=trial.net.d_in, n_classes=trial.net.n_classes, config=config)
+    module = module.double()
+    module.load_state_dict({**trial.params, **trial.state})
+    x, y = trial.probe
+    got = probe(module, x, y=y, taps=list(taps), head="head.weight")
+    assert np.isinf(record["isometry_gap/output"][[1, 3]]).all()  # BatchNorm1d, β = 0
+    for key in (
+        "isometry_gap/output",
+        "range_isometry_gap/output",
+        "isometry_gap_error/output",
+        "weight_isometry_gap",
+        "grad_norm",
+        "rms",
+        "mean_cosine",
+        "head_grad_norm",
+        "head_weight_isometry_gap",
+    ):
+        _close(got[key], record[key])
