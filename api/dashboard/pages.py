@@ -146,7 +146,7 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
     store = request.app.state.store
     sweep = store.get_sweep(parse_id(sweep_id, "sweep"))
     query = query_of(request)
-    swept = v.axes(sweep.spec)
+    swept = v.filter_axes(sweep.spec)  # a model_params axis as model_params.<name> ones
     fields = v.trial_fields(sweep.spec)  # the table's columns: the axes and sampled parameters
     table = v.table_query(query, fields)
     plot = v.plot_choice(query, swept, sweep.spec)

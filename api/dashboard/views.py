@@ -15,7 +15,8 @@ from markupsafe import Markup, escape
 
 from service.config import FILTER_FIELDS, METRICS
 from service.errors import InvalidInput
-from service.param_columns import param_of
+from service.param_columns import FIELD as PARAMS
+from service.param_columns import canonical, param_of, spec_param_axes
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
 from service.plots.defaults import default_metric
 from service.spec import SweepSpec, swept_fields_of
@@ -110,6 +111,18 @@ def axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
     """The swept fields and their values, in the spec's order, then `seed`."""
     s = _stored(spec)
     return {**s.axes, "seed": s.seed_list}
+
+
+def filter_axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """`axes`, with a model_params axis given as one axis per parameter its entries write
+    (`model_params.<name>`, service.param_columns): the filters and group-bys a page offers."""
+    out: dict[str, list[Any]] = {}
+    for name, values in axes(spec).items():
+        if name == PARAMS:
+            out |= spec_param_axes(spec)
+        else:
+            out[name] = values
+    return out
 
 
 def trial_fields(spec: Mapping[str, Any]) -> list[str]:
@@ -235,7 +248,12 @@ def _column_key(column: str) -> Callable[[Any], Any]:
         return lambda t: t.diverged_epoch
     if column == "error":
         return lambda t: t.error
-    return lambda t: t.config.get(column)
+    return lambda t: _sortable(t.config.get(column))
+
+
+def _sortable(value: Any) -> Any:
+    """A config value as a sort key: a document (model_params) as its canonical JSON text."""
+    return canonical(value) if isinstance(value, dict | list) else value
 
 
 def _is_nan(v: Any) -> bool:

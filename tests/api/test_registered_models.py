@@ -163,6 +163,7 @@ def test_the_examples_model_params_axis_reads_pooled_filtered_and_drawn(api, wit
     import csv
     import io
     import json
+    import re
 
     import isosweep
 
@@ -209,6 +210,12 @@ def test_the_examples_model_params_axis_reads_pooled_filtered_and_drawn(api, wit
     # the dashboard's page filtered by a parameter, and the Python client
     page = api.client.get(f"{api.url}/sweeps/{sweep_id}", params={"model_params.expansion": 4})
     assert page.status_code == 200
+    assert '<select name="model_params.layer_norm">' in page.text  # a filter per parameter
+    shown = {int(i) for i in re.findall(r'href="/trials/(\d+)"', page.text)}
+    assert shown == {t["id"] for t in trials[2:]}
+    for sort in ("model_params", "model_params.expansion"):
+        page = api.client.get(f"{api.url}/sweeps/{sweep_id}", params={"sort": sort})
+        assert page.status_code in (200, 422), page.text  # never a 500
     with isosweep.Client(api.url) as client:
         frame = client.metrics(sweep_id, metric="train_loss", epoch=2, aggregate=True)
         assert sorted(frame["model_params.expansion"]) == [1, 4, 4]
