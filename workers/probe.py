@@ -99,6 +99,7 @@ def probe(
         module.train(mode == "batch")
         outs, output = _forward(module, names, {**p, **buffers}, args, n)
         grads = _gradients(output, y, loss, p, net.weight_names())
+        attention = _attention_entropy(module, names)
     stand_in = {k: torch.zeros_like(p[k]) for k in net.weight_names()} if grads is None else grads
     record = _measure(net, [_Member(p, first, Taps({"output": outs}, outs), stand_in)])[0]
     if grads is None:
@@ -108,6 +109,7 @@ def probe(
         record.pop("head_grad_norm", None)
         record.pop("head_weight_isometry_gap")
     record.update(_token_metrics(outs))
+    record.update(attention)
     if previous is not None:
         record.update(_update_ratios(net, params, previous))
     if metrics:
@@ -259,6 +261,7 @@ def _as_it_was(module: torch.nn.Module):
     finally:
         for m, was in flags:
             m.training = was
+            m.__dict__.pop(ATTENTION_INPUTS, None)
 
 
 def _forward(
@@ -268,7 +271,10 @@ def _forward(
     handles = []
     try:
         for t in names:
-            handles.append(module.get_submodule(t).register_forward_hook(_capture(captured[t], t)))
+            sub = module.get_submodule(t)
+            handles.append(sub.register_forward_hook(_capture(captured[t], t)))
+            if isinstance(sub, torch.nn.MultiheadAttention):
+                handles.append(sub.register_forward_pre_hook(_attention_inputs, with_kwargs=True))
         with torch.enable_grad():
             output = torch.func.functional_call(module, tensors, args)
     finally:
@@ -293,6 +299,42 @@ def _forward(
             raise InvalidInput(f"probe: the tapped submodule {t!r} gave integers", field="taps")
         outs.append(got[0])
     return outs, output
+
+
+ATTENTION_INPUTS = "_isosweep_attention_inputs"  # what the pre-hook left on the module
+
+
+def _attention_inputs(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    setattr(module, ATTENTION_INPUTS, (args, kwargs))
+
+
+def _attention_entropy(module: torch.nn.Module, names: list[str]) -> dict[str, np.ndarray]:
+    """ "attention_entropy" (L, heads): at taps that are nn.MultiheadAttention, per head the
+    Shannon entropy −Σ_s a log a of each query's attention distribution (dropout off), mean over
+    the queries and the batch — log S for uniform attention over S keys; NaN rows at the other
+    taps (and beyond a tap's own heads). No key when no tap is an attention module."""
+    subs = [module.get_submodule(t) for t in names]
+    at = [i for i, m in enumerate(subs) if isinstance(m, torch.nn.MultiheadAttention)]
+    if not at:
+        return {}
+    heads = max(subs[i].num_heads for i in at)
+    out = np.full((len(names), heads), math.nan)
+    for i in at:
+        m = subs[i]
+        args, kwargs = m.__dict__.pop(ATTENTION_INPUTS)
+        kwargs = {**kwargs, "need_weights": True, "average_attn_weights": False}
+        was = m.training
+        try:
+            m.training = False  # the weights before dropout
+            with torch.no_grad():
+                _, a = m(*args, **kwargs)
+        finally:
+            m.training = was
+        a = a.to(F64)  # (n, heads, T, S), or (heads, T, S) unbatched
+        a = a if a.ndim == 4 else a[None]
+        ent = -torch.where(a > 0, a * torch.log(a), 0.0).sum(dim=-1)  # (n, heads, T)
+        out[i, : m.num_heads] = ent.mean(dim=(0, 2)).cpu().numpy()
+    return {"attention_entropy": out}
 
 
 def _capture(into: list[Tensor], name: str) -> Any:

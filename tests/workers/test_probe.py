@@ -503,3 +503,61 @@ def test_probe_equals_a_registered_models_trial(monkeypatch):
         "head_weight_isometry_gap",
     ):
         _close(got[key], record[key])
+
+
+def _encoder(d: int = 8, heads: int = 2, seed: int = 5) -> tnn.Module:
+    torch.manual_seed(seed)
+    layer = tnn.TransformerEncoderLayer(d, heads, 16, dropout=0.25, batch_first=True)
+    return tnn.Sequential(layer, tnn.Flatten(), tnn.Linear(d * 6, 3)).double()
+
+
+def test_attention_entropy_is_log_s_for_uniform_attention():
+    """Zero query and key maps give equal scores: each query attends uniformly to its keys —
+    log T without a mask, log(t + 1) at query t under a causal mask (mean over t)."""
+    T = 6
+    m = _encoder()
+    d = 8
+    with torch.no_grad():
+        m[0].self_attn.in_proj_weight[: 2 * d].zero_()
+        m[0].self_attn.in_proj_bias[: 2 * d].zero_()
+    x = torch.randn(5, T, d, dtype=torch.float64)
+    record = probe(m, x, taps=["0.self_attn", "0"])
+    ent = record["attention_entropy"]
+    assert ent.shape == (2, 2)
+    np.testing.assert_allclose(ent[0], [math.log(T)] * 2, rtol=1e-12)
+    assert np.isnan(ent[1]).all()  # the layer's output is no attention module
+    sa = m[0].self_attn
+    assert not sa._forward_pre_hooks and not sa._forward_hooks
+    assert not [k for k in sa.__dict__ if k.startswith("_isosweep")]  # nothing left behind
+
+    class Causal(tnn.Module):
+        def __init__(self, inner: tnn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = tnn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype)
+            return self.inner[2](self.inner[1](self.inner[0](x, src_mask=mask, is_causal=True)))
+
+    causal = probe(Causal(m), x, taps=["inner.0.self_attn"])["attention_entropy"][0]
+    want = np.mean([math.log(t + 1) for t in range(T)])
+    np.testing.assert_allclose(causal, [want] * 2, rtol=1e-12)
+
+
+def test_attention_entropy_against_numpy():
+    m = _encoder(seed=6)
+    x = torch.randn(4, 6, 8, dtype=torch.float64)
+    got = probe(m, x, taps=["0.self_attn"])["attention_entropy"][0]
+    attn = m[0].self_attn
+    W, b = attn.in_proj_weight.detach().numpy(), attn.in_proj_bias.detach().numpy()
+    h = x.numpy()  # what the attention sees: the layer's input (post-norm: LayerNorm after)
+    q, k = h @ W[:8].T + b[:8], h @ W[8:16].T + b[8:16]
+    want = []
+    for head in range(2):
+        sl = slice(4 * head, 4 * head + 4)
+        s = np.einsum("ntd,nsd->nts", q[..., sl], k[..., sl]) / 2.0  # √(d/heads) = 2
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        want.append(float(-(a * np.log(a)).sum(-1).mean()))
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert (got > 0).all() and (got < math.log(6)).all()
