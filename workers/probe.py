@@ -372,8 +372,18 @@ def _gradients(
             raise InvalidInput("probe: the loss must be a scalar tensor", field="loss")
         wrt = [p[k] for k in names]
         live = [i for i, t in enumerate(wrt) if t.requires_grad]
-        g = torch.autograd.grad(
-            value.reshape(()), [wrt[i] for i in live], allow_unused=True, materialize_grads=True
+        if live and not value.requires_grad:
+            raise InvalidInput(
+                "probe: the loss does not depend on the module's parameters (computed without "
+                "gradients?)",
+                field="loss",
+            )
+        g = (
+            torch.autograd.grad(
+                value.reshape(()), [wrt[i] for i in live], allow_unused=True, materialize_grads=True
+            )
+            if live
+            else ()
         )
     grads = {k: torch.zeros_like(t) for k, t in zip(names, wrt, strict=True)}
     grads.update({names[i]: gi for i, gi in zip(live, g, strict=True)})

@@ -383,6 +383,12 @@ def test_other_bad_input_is_named():
         probe(m, x, y=torch.zeros(4, dtype=torch.long), loss=lambda o, y: o)
     with pytest.raises(InvalidInput, match="mode"):
         probe(m, x, mode="train")
+    with pytest.raises(InvalidInput, match="does not depend on the module's parameters"):
+        probe(m, x, loss=lambda o: torch.tensor(1.0))
+    # a module without any matrix parameter: no head keys, grad_norm NaN, nothing raised
+    plain = probe(tnn.Sequential(tnn.Tanh(), tnn.LayerNorm(12)), x, taps=["0", "1"], loss=torch.sum)
+    assert "head_grad_norm" not in plain and "head_weight_isometry_gap" not in plain
+    assert np.isnan(plain["grad_norm"]).all()
 
 
 def test_isosweep_exports_probe_lazily():
