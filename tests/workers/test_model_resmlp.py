@@ -139,7 +139,7 @@ def test_forward_is_input_linear_residual_blocks_and_head(digits, order, norm):
     h = F.linear(digits, p["W_in"], p["b_in"])
     for ell in range(1, 4):  # the MLP's block on the stream, then the scaled add
         z, nrm, a = nn.block(net.spec, p, s, ell, h, "batch", net.spec.sigma)
-        h = h + c * (a if order == "norm_act" else nrm)
+        h = h + c * (a if net.spec.order == "norm_act" else nrm)  # none: order reset
         assert torch.equal(taps.layers["linear"][ell - 1], z)
         assert torch.equal(taps.layers["act"][ell - 1], a)
         if norm != "none":
