@@ -42,6 +42,7 @@ from workers.models.module_structure import ModuleGraph
 from workers.structure import Structure
 from workers.token_metrics import token_metrics
 
+F64 = torch.float64
 MAX_LISTED = 40  # submodule names an error lists at most
 NO_HEAD = "\0no-head"  # the stand-in head of a module without a matrix parameter
 
@@ -97,7 +98,8 @@ def probe(
         net.graph = _graph(module, names, first)  # traced before the forward (eval, zeros)
         buffers = {k: v.clone() for k, v in module.named_buffers()} if mode == "batch" else {}
         module.train(mode == "batch")
-        outs, output = _forward(module, names, {**p, **buffers}, args, n)
+        tensors = {**{k: p[k] for k in params}, **buffers}
+        outs, output = _forward(module, names, tensors, args, n)
         grads = _gradients(output, y, loss, p, net.weight_names())
         attention = _attention_entropy(module, names)
     stand_in = {k: torch.zeros_like(p[k]) for k in net.weight_names()} if grads is None else grads
@@ -117,9 +119,6 @@ def probe(
 
         record.update(tap_metrics(outs))
     return record
-
-
-F64 = torch.float64
 
 
 def tap_names(module: torch.nn.Module, taps: str | Sequence[str]) -> list[str]:
