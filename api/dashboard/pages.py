@@ -11,14 +11,16 @@ changed parts of the page in place. Nothing is loaded from another host (see CSP
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
@@ -71,12 +73,12 @@ def render(template: str, http_status: int = 200, **context: Any) -> HTMLRespons
     return HTMLResponse(html, status_code=http_status, headers=HEADERS)
 
 
-def shown(page: Callable[..., HTMLResponse]) -> Callable[..., HTMLResponse]:
+def shown(page: Callable[..., Response]) -> Callable[..., Response]:
     """A domain error on a page becomes an HTML page with the API's status for it and the
     message (a 404 for a missing sweep, a 422 naming a bad parameter, …)."""
 
     @wraps(page)
-    def wrapper(*args: Any, **kwargs: Any) -> HTMLResponse:
+    def wrapper(*args: Any, **kwargs: Any) -> Response:
         try:
             return page(*args, **kwargs)
         except IsosweepError as exc:
@@ -193,6 +195,51 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
         done=v.trials_done,
         text_of=v.text_of,
     )
+
+
+@router.get("/sweeps/{sweep_id}/trials.csv")
+@shown
+def trials_csv(request: Request, sweep_id: str) -> Response:
+    """The sweep's trials as CSV, one row each, in the page's filter and order: trial_id, index,
+    every swept field (grid axes and sampled parameters), status, attempts, epochs and records
+    done of their totals, last_epoch, diverged_epoch, results_from, the last epoch's scalar
+    metrics (NaN and ±inf spelled as the API's CSV does) and the error."""
+    from api.tables import csv_chunks
+
+    store = request.app.state.store
+    sweep = store.get_sweep(parse_id(sweep_id, "sweep"))
+    fields = v.trial_fields(sweep.spec)
+    table = v.table_query(query_of(request), fields)
+    every = v.sort_trials(all_trials(store, sweep.id, table), table.sort, table.desc)
+    body = b"".join(csv_chunks(trials_frame(every, fields)))
+    name = f"sweep-{sweep.id}-trials.csv"
+    headers = {**HEADERS, "Content-Disposition": f'attachment; filename="{name}"'}
+    return Response(body, media_type="text/csv; charset=utf-8", headers=headers)
+
+
+TRIAL_COLUMNS = ("status", "attempts", "epochs_done", "epochs_total", "records_done",
+                 "records_total", "last_epoch", "diverged_epoch", "results_from")  # fmt: skip
+
+
+def trials_frame(trials: list[TrialInfo], fields: list[str]) -> pd.DataFrame:
+    """One row per trial (trials_csv's columns); integer columns that may be missing are
+    nullable, the scalar metrics floats."""
+    rows = [
+        {
+            "trial_id": t.id,
+            "index": t.index,
+            **{f: t.config.get(f) for f in fields},
+            **{c: getattr(t, c) for c in TRIAL_COLUMNS},
+            **{m: t.summary.get(m, math.nan) for m in SCALAR_METRICS},
+            "error": t.error,
+        }
+        for t in trials
+    ]
+    columns = ["trial_id", "index", *fields, *TRIAL_COLUMNS, *SCALAR_METRICS, "error"]
+    frame = pd.DataFrame(rows, columns=columns)
+    for c in ("last_epoch", "diverged_epoch", "results_from"):
+        frame[c] = frame[c].astype("Int64")
+    return frame.astype({m: "float64" for m in SCALAR_METRICS})
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -373,15 +420,22 @@ def table_rows(store: Store, sweep_id: int, q: v.TableQuery) -> tuple[list[Trial
     if q.sort == "index" and not q.desc:
         rows, total = page(offset, size)
         return rows, total, size
+    ordered = v.sort_trials(all_trials(store, sweep_id, q), q.sort, q.desc)
+    return ordered[offset : offset + size], len(ordered), size
+
+
+def all_trials(store: Store, sweep_id: int, q: v.TableQuery) -> list[TrialInfo]:
+    """Every trial matching the table's status and config filters, in expansion order, read a
+    page of the store's largest size at a time."""
     every: list[TrialInfo] = []
     chunk = store.settings.max_page_size
     while True:
-        part, total = page(len(every), chunk)
+        part, total = store.list_trials(
+            sweep_id, status=q.status, where=q.where, offset=len(every), limit=chunk
+        )
         every += part
         if not part or len(every) >= total:
-            break
-    ordered = v.sort_trials(every, q.sort, q.desc)
-    return ordered[offset : offset + size], len(ordered), size
+            return every
 
 
 def downloads(
@@ -401,4 +455,6 @@ def downloads(
     links.append(
         ("trials (JSON)", v.url(f"{v.API}/sweeps/{sweep_id}/trials", {**where, "limit": max_page}))
     )
+    links.append(("trials (CSV): swept and sampled fields, status, epochs, last metrics",
+                  v.url(f"/sweeps/{sweep_id}/trials.csv", where)))  # fmt: skip
     return links

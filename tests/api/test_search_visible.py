@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
-from api_support import run_trial, spec, submit
+from api_support import record, run_trial, spec, submit
 
 ISOSWEEP = Path(sys.executable).with_name("isosweep")
 
@@ -205,3 +205,27 @@ def test_first_gap_before_records_and_where_none_is_finite():
     mlp = {"width": 16, "batch_size": 8}
     recorded = recorded_layer_metrics(mlp)
     assert first_gap(recorded, mlp, lambda m: m.startswith("range_")) == "range_isometry_gap/act"
+
+
+def test_the_dashboards_trials_csv_has_the_sampled_column(api):
+    s, ts = search_sweep(api)
+    # a non-finite summary, spelled as the API's CSV spells it
+    last = record(ts[0].id, 2, ts[0].config["depth"], train_loss=math.inf, test_loss=10.0)
+    api.store.write_records([(ts[0].id, last)])
+    html = page(api, f"/sweeps/{s['id']}?depth=3")
+    links = re.findall(r'<li><a href="([^"]+)">([^<]+)</a>', html)
+    href = next(unescape(h) for h, label in links if label.startswith("trials (CSV)"))
+    assert href == f"/sweeps/{s['id']}/trials.csv?depth=3"  # the page's filters
+    r = httpx.get(f"{api.url}{href}", timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    frame = pd.read_csv(io.StringIO(r.text))
+    assert list(frame.columns[:5]) == ["trial_id", "index", "depth", "lr", "seed"]
+    deep = [t for t in ts if t.config["depth"] == 3]
+    assert list(frame["trial_id"]) == [t.id for t in deep]
+    assert list(frame["lr"]) == [t.config["lr"] for t in deep]  # written by repr: exact
+    assert set(frame["epochs_done"]) == {2} and set(frame["records_done"]) == {3}
+    every = pd.read_csv(io.StringIO(page(api, f"/sweeps/{s['id']}/trials.csv?sort=lr")))
+    assert list(every["lr"]) == sorted(t.config["lr"] for t in ts)
+    first = pd.read_csv(io.StringIO(page(api, f"/sweeps/{s['id']}/trials.csv")))
+    assert first.loc[0, "train_loss"] == math.inf and len(first) == 6
+    assert httpx.get(f"{api.url}/sweeps/999/trials.csv", timeout=60).status_code == 404
