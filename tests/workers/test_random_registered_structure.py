@@ -6,6 +6,14 @@ is > 1e-9 (the few between are left out as ambiguous). A gap of +∞ on a regula
 +∞; a finite gap with a finite error bar on a singular Gram a false finite (a finite gap whose
 error bar is +∞ is not claimed as resolved).
 
+Where the SVD is not the truth: a GroupNorm with one channel per group outputs exactly β (each
+group's value minus its own mean), but torch's fused kernel leaves rounding noise of ~1e-14
+there, which the SVD reads as regular; the tracker's +∞ is right by construction. Modules
+150..299 hold two such taps (seeds 180, 238), and four taps of norms over one or two values
+(LayerNorm((2,)), GroupNorm(2, 2): outputs ±1 up to ε/t²) whose Grams are singular to 1e-13 by
+the numbers, not by structure — float64 flags them unresolved (error bar +∞), float32's forward
+rounding hides them (finite bar): the forward's own rounding is not in the bar.
+
 `count(k)` gives the counts of the first k modules for the structure rule in force and for the
 rule before it (every tap treated as a non-linear map's output: rank ≤ min(n, features)).
 """
