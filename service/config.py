@@ -253,7 +253,8 @@ def _defaults() -> dict[str, Any]:
 
 
 # The fields trials can be filtered by (`where`, query parameters): all but the JSON document of a
-# registered model's parameters.
+# registered model's parameters, which filter one by one as model_params.<name>
+# (service.store.param_filters).
 FILTER_FIELDS: tuple[str, ...] = tuple(f for f in CONFIG_FIELDS if f != "model_params")
 
 
