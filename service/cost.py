@@ -468,7 +468,6 @@ def search_shapes(spec: Any) -> Counter[Shape]:
 
 @lru_cache(maxsize=256)
 def _search_shapes(text: str) -> tuple[tuple[Shape, int], ...]:
-    import itertools
     import json
 
     import numpy as np
@@ -488,13 +487,12 @@ def _search_shapes(text: str) -> tuple[tuple[Shape, int], ...]:
     seeds = data.get("seeds", 1)
     per_cell = int(data["search"]["n"]) * (seeds if isinstance(seeds, int) else len(seeds))
     out: Counter[Shape] = Counter()
-    for values in itertools.product(*spec.axes.values()):
-        cell = {**spec.fixed, **dict(zip(spec.axes, values, strict=True))}
+    for cell in spec.cells():  # the grid's and linked axes' values; derived fields resolved
         for i, point in enumerate(points):
             # per_cell trials over the points: point i gets its share (the first ones one more)
             k = per_cell // SEARCH_POINTS + (i < per_cell % SEARCH_POINTS)
             if k:
-                out[shape_of(parse_trial_config({**cell, **point}))] += k
+                out[shape_of(parse_trial_config(spec.resolve({**cell, **point})))] += k
     return tuple(out.items())
 
 
