@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "fit": "workers.train",
     # measurement of any torch module (docs/probe.md; torch)
     "probe": "workers.probe",
+    "Monitor": "isosweep.monitor",
     "register_metric": "workers.custom_metrics",
     "run_sweep": "workers.driver",
     # configs, specs, settings, the store
@@ -71,6 +72,7 @@ __all__ = [  # the client at once, the rest (_LAZY) on first use
     "ClientError",
     "InvalidInput",
     "IsosweepError",
+    "Monitor",
     "Settings",
     "SpecError",
     "Store",
@@ -116,6 +118,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from isosweep.monitor import Monitor
     from service.config import METRICS, TrialConfig
     from service.isometry import isometry_gap
     from service.plots import PLOT_KINDS, build_figure, render

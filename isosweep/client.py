@@ -43,6 +43,7 @@ METRICS_PAGE_ROWS = 100_000  # the metrics route's largest JSON page (its MAX_JS
 TRIALS_PAGE_ROWS = 1000  # the trials route's largest page by default (ISOSWEEP_MAX_PAGE_SIZE)
 TOKEN_HINT = " (set ISOSWEEP_API_TOKEN to the server's token)"
 SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+_JSON = {"Content-Type": "application/json"}
 
 # --- errors -----------------------------------------------------------------------------------
 
@@ -499,6 +500,45 @@ class Client:
         """Cancel a sweep: queued trials stop at once, running ones soon; stored results stay.
         Returns the sweep (still `running` until its runner has stopped)."""
         return self.json("POST", f"/sweeps/{sweep_id}/cancel")
+
+    # --- external sweeps: the user's own training loop (isosweep.Monitor, docs/own-loop.md)
+
+    def external_sweep(self, name: str, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Find the external sweep called `name`, or create it (spec {external: true, …})."""
+        body = jsonfmt.dumps({"name": name, "config": dict(config or {})}, default=str)
+        return self.json("POST", "/external/sweeps", content=body, headers=_JSON)
+
+    def external_trial(
+        self,
+        sweep_id: int,
+        run: str,
+        *,
+        depth: int,
+        batch_size: int,
+        config: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Find the external sweep's trial of run key `run`, or create it (running)."""
+        body = {"run": run, "depth": depth, "batch_size": batch_size, "config": dict(config or {})}
+        return self.json(
+            "POST",
+            f"/external/sweeps/{sweep_id}/trials",
+            content=jsonfmt.dumps(body, default=str),
+            headers=_JSON,
+        )
+
+    def external_record(self, trial_id: int, step: int, record: Mapping[str, Any]) -> dict:
+        """Store one step's record of an external trial (numpy arrays and NaN/±inf welcome):
+        {stored, step, last_step, diverged, cancel_requested, status}. The same step with the
+        same record again stores nothing (stored: false); another record for a stored step is
+        an ApiError 409, a step below the last stored one 422."""
+        body = jsonfmt.dumps({"step": int(step), "record": dict(record)})
+        return self.json(
+            "POST", f"/external/trials/{trial_id}/records", content=body, headers=_JSON
+        )
+
+    def external_finish(self, trial_id: int) -> dict[str, Any]:
+        """End an external trial (completed, or diverged): {trial, sweep}."""
+        return self.json("POST", f"/external/trials/{trial_id}/finish")
 
     # --- results
 

@@ -142,13 +142,27 @@ def model_names() -> tuple[str, ...]:
     return (*FAMILY_FIELDS, *sorted(registered()))
 
 
+def _external(*_: Any, **__: Any) -> Any:
+    raise InvalidInput(
+        "model 'external' is a trial recorded by the user's own training loop "
+        "(isosweep.Monitor, docs/own-loop.md); isosweep cannot build or run it",
+        field="model",
+    )
+
+
+# The trials of isosweep.Monitor (service/store/external.py): one tap kind, "output"; never run.
+EXTERNAL = RegisteredModel("external", _external, NoParams, "tap.{i}")
+
+
 def get_registered(name: str) -> RegisteredModel:
+    if name == EXTERNAL.name:
+        return EXTERNAL
     check_model_name(name)
     return registered()[name]
 
 
 def check_model_name(name: str) -> None:
-    if name in FAMILY_FIELDS:
+    if name in FAMILY_FIELDS or name == EXTERNAL.name:
         return
     if name not in registered():
         raise InvalidInput(

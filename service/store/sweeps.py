@@ -32,6 +32,8 @@ CHUNK = 500  # ids per IN (...) list
 INSERT_ROWS = 10_000  # rows per executemany of a bulk insert
 UNFINISHED_TRIAL = (TrialStatus.QUEUED, TrialStatus.RUNNING)
 REUSABLE = (TrialStatus.COMPLETED, TrialStatus.DIVERGED)  # a divergence is a result too
+# The runner id of an external sweep (isosweep.Monitor: service/store/external.py): never claimed.
+EXTERNAL_RUNNER = "external"
 
 
 def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
@@ -490,7 +492,9 @@ def is_sweep_waiting(s: Session, sweep_id: int) -> bool:
 
 def _claimable(now: Any) -> Any:
     expired = and_(SqlSweep.status == SweepStatus.RUNNING, SqlSweep.lease_expires_at < now)
-    return or_(SqlSweep.status == SweepStatus.QUEUED, expired)
+    # never an external sweep: the user's own loop records it (service/store/external.py)
+    own_loop = or_(SqlSweep.runner_id.is_(None), SqlSweep.runner_id != EXTERNAL_RUNNER)
+    return and_(or_(SqlSweep.status == SweepStatus.QUEUED, expired), own_loop)
 
 
 def claim_sweep(

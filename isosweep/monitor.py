@@ -1,0 +1,249 @@
+"""`isosweep.Monitor`: isosweep's measurement inside the user's own training loop
+(docs/own-loop.md).
+
+    monitor = isosweep.Monitor(model, x_probe, y=y_probe, client=isosweep.Client(url),
+                               sweep="my-transformer", taps="blocks.{i}", config=cfg)
+    for step in range(steps):
+        ...                                   # the user's own step: optimizer, AMP, schedule
+        if step % 100 == 0 and not monitor.record(step, loss=loss.item()):
+            break                             # cancelled from the dashboard, or diverged
+    monitor.finish()
+
+`record(step, **scalars)` measures the fixed batch `x` with `isosweep.probe` (workers/probe.py)
+now — the module is left as it was — and stores that record, with the user's scalars, as the
+record of epoch = step of an external trial of the named sweep (service/store/external.py),
+either in a local `Store` (`store=`) or on a server through `Client` (`client=`). It returns
+True to go on, False once the sweep was cancelled (`POST /sweeps/{id}/cancel`, the dashboard's
+button) or the run diverged (a non-finite scalar); the record that sees it is still stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from numbers import Real
+from typing import Any
+
+from service.config import METRICS
+from service.errors import InvalidInput
+from service.store.external import LOOP_SCALARS, flatten
+
+# The user's scalar keywords: the store's loop scalars and two short spellings.
+ALIASES = {"loss": "train_loss", "acc": "train_acc", "accuracy": "train_acc"}
+SCALAR_NAMES = (*LOOP_SCALARS, *ALIASES)
+
+
+class Monitor:
+    """Measure a fixed batch through `module` at the steps of the user's own loop and store
+    each measurement as a record of an external trial (docs/own-loop.md).
+
+    Args:
+        module, x, y, loss, taps, head, mode: as `isosweep.probe` takes them (docs/probe.md);
+            `x` (and `y`) is the fixed probe batch measured at every record.
+        client: an `isosweep.Client` — records go to its server; or
+        store: a `service.store.Store` — records go to its database (exactly one of the two).
+        sweep: the external sweep's name; created on first use, found again by name.
+        config: the run's free-form config (nested mappings become dotted names); kept in the
+            sweep's spec (`parameters`, and `runs[run]`).
+        run: the run key that finds this run's trial again after a restart (default: a digest
+            of the flattened config, so the same config resumes the same trial).
+        update_ratio: also pass the weights of the last record to probe (`previous`), so
+            `last_record` has update_ratio (not stored: see `dropped`).
+
+    Raises:
+        InvalidInput: neither or both of client and store, a tap that is not a submodule.
+        Conflict (ApiError 409 through a client): the name belongs to a sweep isosweep runs, or
+            to a cancelled external sweep.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        x: Any,
+        *,
+        y: Any = None,
+        loss: Any = None,
+        client: Any = None,
+        store: Any = None,
+        sweep: str,
+        taps: str | Sequence[str] = "blocks.{i}",
+        config: Mapping[str, Any] | None = None,
+        run: str | None = None,
+        head: str | None = None,
+        mode: str = "batch",
+        update_ratio: bool = True,
+    ) -> None:
+        from workers.probe import tap_names
+
+        if (client is None) == (store is None):
+            raise InvalidInput("give exactly one of client= (a server) and store= (a database)")
+        self.module, self.x, self.y, self.loss = module, x, y, loss
+        self.taps = tap_names(module, taps)  # a wrong name: InvalidInput naming the closest
+        self.head, self.mode, self.update_ratio = head, mode, update_ratio
+        first = x if hasattr(x, "shape") else x[0]
+        self.config = flatten(dict(config or {}))
+        self.run = run if run is not None else _run_key(self.config)
+        self._io: _Backend = _ClientBackend(client) if client is not None else _StoreBackend(store)
+        self.sweep_id = self._io.open_sweep(sweep, self.config)
+        trial = self._io.open_trial(
+            self.sweep_id, self.run, depth=len(self.taps), batch_size=int(first.shape[0]),
+            config=self.config,
+        )  # fmt: skip
+        self.trial_id: int = trial["id"]
+        self.last_step: int | None = trial["last_epoch"]  # where a resumed run left off
+        self.status: str = trial["status"]
+        self.stopped = False  # cancelled or diverged: record() returns False from then on
+        self.cancelled = False
+        self.diverged = trial["diverged_epoch"] is not None
+        self.last_record: dict[str, Any] | None = None  # probe's whole record, last step
+        self.dropped: tuple[str, ...] = ()  # its keys the store does not take (not stored)
+        self._previous: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"isosweep.Monitor(sweep {self.sweep_id}, trial {self.trial_id}, run {self.run!r})"
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:  # a loop that raised leaves its trial running: it can resume
+            self.finish()
+
+    def record(self, step: int, **scalars: Any) -> bool:
+        """Probe the fixed batch now and store the record as epoch `step` with `scalars`
+        (train_loss — or `loss` —, train_acc — or `acc` —, test_loss, test_acc, epoch_time_s).
+
+        Returns:
+            True to go on; False once the sweep was cancelled or the run diverged (a non-finite
+            scalar: the record is stored with `diverged` and the trial ends `diverged`).
+
+        Raises:
+            InvalidInput (ApiError 422): a scalar the store does not record, a step that is not
+                an integer ≥ 0, a step below the last stored one.
+            Conflict (ApiError 409): another record for a step already stored, or a new step
+                of a finished trial.
+        """
+        if self.stopped:
+            return False
+        values = _scalars(scalars)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidInput(f"a step is an integer ≥ 0, not {step!r}", field="step")
+        record = self._probe(diverging=any(not math.isfinite(v) for v in values.values()))
+        self.last_record = {**record, **values}
+        kept = {k: v for k, v in record.items() if k in METRICS}
+        self.dropped = tuple(k for k in record if k not in METRICS)
+        answer = self._io.append(self.trial_id, step, {**kept, **values})
+        self.last_step = answer["last_step"]
+        self.status = answer["status"]
+        self.cancelled = bool(answer["cancel_requested"])
+        self.diverged = bool(answer["diverged"])
+        self.stopped = self.cancelled or self.diverged
+        return not self.stopped
+
+    def _probe(self, *, diverging: bool) -> dict[str, Any]:
+        from workers.probe import probe
+
+        try:
+            record = probe(
+                self.module, self.x, y=self.y, loss=self.loss, taps=self.taps, head=self.head,
+                mode=self.mode, previous=self._previous,  # type: ignore[arg-type]
+            )  # fmt: skip
+        except Exception:
+            if not diverging:
+                raise
+            return {}  # a diverged model may not be measurable: its scalars are the record
+        if self.update_ratio:
+            self._previous = {k: v.detach().clone() for k, v in self.module.named_parameters()}
+        return record
+
+    def finish(self) -> str:
+        """End the run: its trial `completed` (`diverged` if it diverged, `cancelled` after a
+        cancel); the sweep finishes with its last run. Returns the trial's status."""
+        done = self._io.finish(self.trial_id)
+        self.status = done["status"]
+        return self.status
+
+
+def _run_key(config: Mapping[str, Any]) -> str:
+    text = json.dumps(config, sort_keys=True, default=str)
+    return "config-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _scalars(scalars: Mapping[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in scalars.items():
+        key = ALIASES.get(name, name)
+        if key not in LOOP_SCALARS:
+            raise InvalidInput(
+                f"the store records the scalars {', '.join(LOOP_SCALARS)} (loss and acc are "
+                f"short for train_loss and train_acc), not {name!r}; fixed settings such as "
+                "a learning rate belong in config=",
+                field=name,
+                allowed=SCALAR_NAMES,
+            )
+        if key in out:
+            raise InvalidInput(f"{key} is given twice ({name!r} is short for it)", field=name)
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()  # a 0-d tensor or numpy scalar
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise InvalidInput(f"a number, not {value!r}", field=name)
+        out[key] = float(value)
+    return out
+
+
+class _Backend:
+    def open_sweep(self, name: str, config: dict[str, Any]) -> int:
+        raise NotImplementedError
+
+    def open_trial(self, sweep_id: int, run: str, **kw: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def append(self, trial_id: int, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def finish(self, trial_id: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class _StoreBackend(_Backend):
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def open_sweep(self, name: str, config: dict[str, Any]) -> int:
+        from service.store import external
+
+        return external.store_open_sweep(self.store, name, config).id
+
+    def open_trial(self, sweep_id: int, run: str, **kw: Any) -> dict[str, Any]:
+        from service.store import external
+
+        return external.store_open_trial(self.store, sweep_id, run, **kw).model_dump()
+
+    def append(self, trial_id: int, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        from service.store import external
+
+        return external.store_append(self.store, trial_id, {**record, "epoch": step})
+
+    def finish(self, trial_id: int) -> dict[str, Any]:
+        from service.store import external
+
+        return {"status": external.store_finish(self.store, trial_id)["trial"].status}
+
+
+class _ClientBackend(_Backend):
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def open_sweep(self, name: str, config: dict[str, Any]) -> int:
+        return int(self.client.external_sweep(name, config)["id"])
+
+    def open_trial(self, sweep_id: int, run: str, **kw: Any) -> dict[str, Any]:
+        return self.client.external_trial(sweep_id, run, **kw)
+
+    def append(self, trial_id: int, step: int, record: dict[str, Any]) -> dict[str, Any]:
+        return self.client.external_record(trial_id, step, record)
+
+    def finish(self, trial_id: int) -> dict[str, Any]:
+        return self.client.external_finish(trial_id)["trial"]

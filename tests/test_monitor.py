@@ -1,0 +1,322 @@
+"""isosweep.Monitor (docs/own-loop.md): the user's own training loop records external trials,
+in a local Store and on a live server (the external REST routes, api/routes/external.py)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+import isosweep
+from api.app import create_app
+from api.server import ServerThread
+from service.errors import Conflict, InvalidInput
+from service.settings import Settings
+from service.spec import parse_spec
+from service.store import Store
+from service.store import external as ext
+
+ROOT = Path(__file__).resolve().parents[1]
+GAP = "isometry_gap/output"
+
+
+def tiny(depth: int = 3, d: int = 8, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential()
+    model.blocks = torch.nn.Sequential(
+        *[torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.Tanh()) for _ in range(depth)]
+    )
+    model.head = torch.nn.Linear(d, 3)
+    return model.double()
+
+
+def batch(n: int = 6, d: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return x, torch.randint(0, 3, (n,), generator=g)
+
+
+def train_step(model: torch.nn.Module, opt: Any, x: torch.Tensor, y: torch.Tensor) -> float:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
+def history(store: Store, trial_id: int, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    return store.trial_history(trial_id, metric)
+
+
+@pytest.fixture
+def store(database_url):
+    s = Store(database_url)
+    yield s
+    s.close()
+
+
+# --- a local Store ----------------------------------------------------------------------------
+
+
+def test_each_record_is_the_probe_of_that_step_with_the_loss(store):
+    model, (x, y) = tiny(), batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    m = isosweep.Monitor(model, x, y=y, store=store, sweep="own", config={"lr": 0.5})
+    expected, losses = [], []
+    for step in range(0, 30, 10):
+        for _ in range(10):
+            loss = train_step(model, opt, x, y)
+        expected.append(isosweep.probe(model, x, y=y, taps="blocks.{i}"))  # same weights
+        losses.append(loss)
+        assert m.record(step, loss=loss) is True
+    epochs, gaps = history(store, m.trial_id, GAP)
+    assert epochs.tolist() == [0, 10, 20] and gaps.shape == (3, 3)
+    for k, rec in enumerate(expected):  # float64 through JSON-free storage: bit for bit
+        np.testing.assert_array_equal(gaps[k], rec[GAP])
+        for key in ("rms", "grad_norm", "mean_cosine", "range_isometry_gap/output"):
+            np.testing.assert_array_equal(history(store, m.trial_id, key)[1][k], rec[key])
+    assert history(store, m.trial_id, "train_loss")[1].tolist() == losses
+    assert set(m.dropped) >= {"effective_rank", "stable_rank", "update_ratio"}
+    # the unstored update ratio is ‖θ − θ_prev‖/‖θ_prev‖ of the tapped Linear's weight
+    assert m.last_record is not None and m.last_record["update_ratio"].shape == (3,)
+    assert m.finish() == "completed"
+    info = store.get_sweep(m.sweep_id)
+    assert info.status == "completed" and info.spec["external"] is True
+    assert info.spec["parameters"] == {"lr": 0.5} and info.tags == ["external"]
+    assert store.get_trial(m.trial_id).config["model"] == "external"
+
+
+def test_a_tap_of_orthonormal_rows_has_gap_zero_and_rms_one(store):
+    """Closed form: x = √d·Q with orthonormal rows, tapped through nn.Identity, has Gram d·I/d
+    — every eigenvalue equal — so its isometry gap is 0 and its rms 1."""
+    n, d = 4, 8
+    g = torch.Generator().manual_seed(3)
+    q, _ = torch.linalg.qr(torch.randn(d, n, dtype=torch.float64, generator=g))
+    x = math.sqrt(d) * q.T  # (n, d), rows orthogonal with ‖x_i‖² = d
+    model = torch.nn.Sequential()
+    model.blocks = torch.nn.Sequential(torch.nn.Identity(), torch.nn.Linear(d, d).double())
+    m = isosweep.Monitor(model, x, store=store, sweep="closed-form", taps="blocks.0")
+    assert m.record(0, loss=1.5)
+    _, gap = history(store, m.trial_id, GAP)
+    _, rms = history(store, m.trial_id, "rms")
+    _, cos = history(store, m.trial_id, "mean_cosine")
+    assert abs(gap[0, 0]) < 1e-12 and abs(rms[0, 0] - 1) < 1e-12 and abs(cos[0, 0]) < 1e-12
+
+
+def test_the_same_step_again_is_a_no_op_and_another_record_for_it_a_conflict(store):
+    model, (x, y) = tiny(), batch()
+    m = isosweep.Monitor(model, x, y=y, store=store, sweep="idem")
+    assert m.record(0, loss=2.0)
+    assert m.record(0, loss=2.0)  # weights unchanged: the same record, nothing written
+    answer = ext.store_append(store, m.trial_id, {"epoch": 0, **_stored(store, m.trial_id, 0)})
+    assert answer["stored"] is False and answer["last_step"] == 0
+    with pytest.raises(Conflict, match=r"step 0 .* other values"):
+        m.record(0, loss=2.5)
+    assert history(store, m.trial_id, "train_loss")[1].tolist() == [2.0]
+
+
+def _stored(store: Store, trial_id: int, step: int) -> dict[str, Any]:
+    out = {}
+    for metric in ("train_loss", "head_grad_norm", "head_weight_isometry_gap"):
+        epochs, v = store.trial_history(trial_id, metric)
+        out[metric] = float(v[list(epochs).index(step)])
+    for metric in ("isometry_gap/output", "range_isometry_gap/output", "isometry_gap_error/output",
+                   "rms", "mean_cosine", "weight_isometry_gap", "grad_norm"):  # fmt: skip
+        epochs, v = store.trial_history(trial_id, metric)
+        out[metric] = v[list(epochs).index(step)]
+    return out
+
+
+def test_a_new_monitor_resumes_the_run_after_a_restart(database_url):
+    model, (x, y) = tiny(), batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = {"optimizer": {"name": "sgd", "lr": 0.1}, "depth": 3}
+    with Store(database_url) as first:
+        a = isosweep.Monitor(model, x, y=y, store=first, sweep="resume", config=config)
+        for step in range(3):
+            assert a.record(step, loss=train_step(model, opt, x, y))
+    with Store(database_url) as second:  # a new process: a new Store and a new Monitor
+        b = isosweep.Monitor(model, x, y=y, store=second, sweep="resume", config=config)
+        assert (b.sweep_id, b.trial_id, b.last_step) == (a.sweep_id, a.trial_id, 2)
+        assert b.record(3, loss=train_step(model, opt, x, y))
+        assert b.finish() == "completed"
+        assert history(second, b.trial_id, GAP)[0].tolist() == [0, 1, 2, 3]
+        assert second.list_trials(b.sweep_id)[1] == 1
+        spec = second.get_sweep(b.sweep_id).spec
+        assert spec["parameters"] == {"optimizer.name": "sgd", "optimizer.lr": 0.1, "depth": 3}
+        other = isosweep.Monitor(model, x, store=second, sweep="resume", config=config, run="s2")
+        assert other.trial_id != b.trial_id and other.last_step is None
+
+
+def test_a_step_going_backwards_is_refused_and_nothing_is_written(store):
+    model, (x, y) = tiny(), batch()
+    m = isosweep.Monitor(model, x, y=y, store=store, sweep="back")
+    assert m.record(5, loss=1.0)
+    with pytest.raises(InvalidInput, match="step 3 is below the last stored step 5"):
+        m.record(3, loss=1.0)
+    assert history(store, m.trial_id, GAP)[0].tolist() == [5]
+
+
+def test_a_nan_loss_is_stored_as_divergence_and_stops_the_loop(store):
+    model, (x, y) = tiny(), batch()
+    m = isosweep.Monitor(model, x, y=y, store=store, sweep="nan")
+    assert m.record(0, loss=1.0)
+    assert m.record(1, loss=float("nan")) is False
+    assert m.diverged and m.record(2, loss=1.0) is False  # stopped: nothing more is stored
+    t = store.get_trial(m.trial_id)
+    assert t.status == "diverged" and t.diverged_epoch == 1
+    assert np.isnan(history(store, m.trial_id, "train_loss")[1][1])
+    assert m.finish() == "diverged" and store.get_sweep(m.sweep_id).status == "completed"
+
+
+def test_bad_input_is_named(store):
+    model, (x, y) = tiny(), batch()
+    with pytest.raises(InvalidInput, match=r"blokcs\.0"):
+        isosweep.Monitor(model, x, store=store, sweep="bad", taps="blokcs.{i}")
+    with pytest.raises(InvalidInput, match="exactly one of client"):
+        isosweep.Monitor(model, x, sweep="bad")
+    m = isosweep.Monitor(model, x, y=y, store=store, sweep="bad")
+    with pytest.raises(InvalidInput, match="not 'lr'") as e:
+        m.record(0, loss=1.0, lr=0.1)
+    assert "train_loss" in e.value.allowed
+    with pytest.raises(InvalidInput, match="integer"):
+        m.record(-1, loss=1.0)
+    with pytest.raises(InvalidInput, match="a number"):
+        m.record(0, loss="low")
+    store.create_sweep(parse_spec({"name": "runs-here", "parameters": {"depth": 2, "epochs": 0}}))
+    with pytest.raises(Conflict, match="not an external sweep"):
+        isosweep.Monitor(model, x, store=store, sweep="runs-here")
+
+
+def test_the_runner_never_claims_an_external_sweep_and_still_claims_the_others(store):
+    model, (x, _) = tiny(), batch()
+    m = isosweep.Monitor(model, x, store=store, sweep="mine")
+    assert m.record(0)
+    assert store.claim_sweep("runner-1", 60.0) is None
+    assert store.claim_sweep("runner-1", 60.0, sweep_id=m.sweep_id) is None
+    queued = store.create_sweep(parse_spec({"name": "q", "parameters": {"depth": 2, "epochs": 0}}))
+    claimed = store.claim_sweep("runner-1", 60.0)
+    assert claimed is not None and claimed.id == queued.id
+    assert store.get_sweep(m.sweep_id).status == "running"
+
+
+# --- a live server ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def live(database_url):
+    settings = Settings(database_url=database_url, api_token=None)
+    store = Store(database_url, settings=settings)
+    server = ServerThread(create_app(settings, store=store)).start()
+    yield server.url, store
+    server.stop()
+    store.close()
+
+
+@pytest.mark.slow
+def test_records_through_a_server_are_read_like_any_sweep(live):
+    url, _ = live
+    model, (x, y) = tiny(), batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    with isosweep.Client(url, token="") as c:
+        m = isosweep.Monitor(model, x, y=y, client=c, sweep="served", config={"lr": 0.5})
+        expected = []
+        for step in (0, 1, 2):
+            loss = train_step(model, opt, x, y)
+            expected.append(isosweep.probe(model, x, y=y, taps="blocks.{i}")[GAP])
+            assert m.record(step, loss=loss)
+        assert m.finish() == "completed"
+        gaps = c.metrics(m.sweep_id, metric=GAP)
+        table = gaps.pivot(index="epoch", columns="layer", values="value").to_numpy()
+        np.testing.assert_array_equal(table, np.stack(expected))  # JSON floats round-trip
+        trials = c.trials(m.sweep_id)
+        assert trials["model"].tolist() == ["external"] and trials["status"][0] == "completed"
+        sweep = c.sweep(m.sweep_id)
+        assert sweep["spec"]["external"] is True and sweep["status"] == "completed"
+        assert c.plot(m.sweep_id, "layer_profile", metric=GAP).startswith(b"\x89PNG")
+        both = c.compare([m.sweep_id], metric=GAP, epoch="last")
+        assert len(both) == 3
+        page = httpx.get(f"{url}/sweeps/{m.sweep_id}")
+        assert page.status_code == 200 and "external" in page.text
+
+
+@pytest.mark.slow
+def test_a_cancel_from_the_server_stops_the_loop(live):
+    url, _ = live
+    model, (x, y) = tiny(), batch()
+    with isosweep.Client(url, token="") as c:
+        m = isosweep.Monitor(model, x, y=y, client=c, sweep="to-cancel")
+        assert m.record(0, loss=1.0) is True
+        assert c.cancel(m.sweep_id)["cancel_requested"] is True
+        assert m.record(1, loss=0.9) is False and m.cancelled  # seen by the next record
+        assert m.record(2, loss=0.8) is False
+        assert m.finish() == "cancelled"
+        assert c.sweep(m.sweep_id)["status"] == "cancelled"
+        assert c.metrics(m.sweep_id, metric="train_loss")["value"].tolist() == [1.0, 0.9]
+        with pytest.raises(isosweep.ApiError) as e:
+            isosweep.Monitor(model, x, client=c, sweep="to-cancel")
+        assert e.value.status == 409
+
+
+@pytest.mark.slow
+def test_the_routes_answer_409_and_422(live):
+    url, _ = live
+    api = f"{url}/api/v1"
+    with httpx.Client(base_url=api) as h:
+        sweep = h.post("/external/sweeps", json={"name": "raw", "config": {"a": {"b": 1}}})
+        assert sweep.status_code == 200 and sweep.json()["spec"]["parameters"] == {"a.b": 1}
+        assert h.post("/external/sweeps", json={"name": "raw"}).json()["id"] == sweep.json()["id"]
+        trial = h.post(f"/external/sweeps/{sweep.json()['id']}/trials",
+                       json={"run": "r", "depth": 2, "batch_size": 4}).json()  # fmt: skip
+        path = f"/external/trials/{trial['id']}/records"
+        body = {"step": 3, "record": {"train_loss": 1.0, GAP: [0.5, "Infinity"]}}
+        first = h.post(path, json=body)
+        assert first.status_code == 200 and first.json()["stored"] is True
+        again = h.post(path, json=body)
+        assert again.status_code == 200 and again.json()["stored"] is False
+        other = h.post(path, json={"step": 3, "record": {"train_loss": 2.0}})
+        assert other.status_code == 409 and "step 3" in other.json()["error"]["message"]
+        back = h.post(path, json={"step": 1, "record": {"train_loss": 1.0}})
+        assert back.status_code == 422 and back.json()["error"]["field"] == "step"
+        wrong = h.post(path, json={"step": 4, "record": {GAP: [0.5]}})
+        assert wrong.status_code == 422 and "(2,)" in wrong.json()["error"]["message"]
+        unknown = h.post(path, json={"step": 4, "record": {"lr": 0.1}})
+        assert unknown.status_code == 422 and unknown.json()["error"]["field"] == "record.lr"
+        nan = h.post(path, json={"step": 5, "record": {"train_loss": "NaN"}})
+        assert nan.status_code == 200 and nan.json()["diverged"] is True
+        assert nan.json()["status"] == "diverged"
+        late = h.post(path, json={"step": 6, "record": {"train_loss": 1.0}})
+        assert late.status_code == 409
+        normal = h.post("/sweeps", json={"name": "n", "parameters": {"depth": 2, "epochs": 0}})
+        t = h.get(f"/sweeps/{normal.json()['id']}/trials").json()["data"][0]
+        refused = h.post(f"/external/trials/{t['id']}/records", json=body)
+        assert refused.status_code == 409 and "not an external sweep" in refused.text
+        assert h.post("/external/trials/99999/records", json=body).status_code == 404
+
+
+# --- docs/own-loop.md, cell by cell -----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_own_loop_doc_runs_cell_by_cell(live, monkeypatch):
+    url, store = live
+    monkeypatch.setenv("ISOSWEEP_API_URL", url)
+    monkeypatch.delenv("ISOSWEEP_API_TOKEN", raising=False)
+    cells = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "own-loop.md").read_text(), re.S)
+    assert len(cells) == 3
+    env: dict[str, Any] = {}
+    try:
+        for i, cell in enumerate(cells):
+            exec(compile(cell, f"docs/own-loop.md cell {i}", "exec"), env)
+    finally:
+        env["client"].close()
+    assert env["status"] == "completed"
+    assert sorted(env["gaps"]["epoch"].unique()) == [0, 10, 20, 30]
+    assert store.get_sweep(env["monitor"].sweep_id).spec["parameters"]["optimizer.lr"] == 3e-3
+    assert "token_isometry_gap" in env["monitor"].last_record
