@@ -28,8 +28,10 @@ from api.routes.deps import (
     frozen,
     parse_epoch,
 )
+from service.errors import InvalidInput
 from service.plots import PLOT_KINDS, PLOT_OPTIONS
 from service.plots.defaults import DEFAULT_METRIC, default_metric
+from service.plots.search import SEARCH_PARAMETERS, SEARCH_PLOT_KINDS, make_search_plot
 from service.plots.stored import make_plot
 
 router = APIRouter(tags=["plots"])
@@ -72,11 +74,10 @@ BandQuery = Annotated[str | None, _option("band")]
 NonfiniteQuery = Annotated[str | None, _option("nonfinite")]
 XscaleQuery = Annotated[str | None, _option("xscale")]
 YscaleQuery = Annotated[str | None, _option("yscale")]
+ALL_KINDS = (*PLOT_KINDS, *SEARCH_PLOT_KINDS)  # the search kinds: service/plots/search.py
 Kind = Annotated[
     str,
-    Path(
-        description=f"one of {', '.join(PLOT_KINDS)}", json_schema_extra={"enum": list(PLOT_KINDS)}
-    ),
+    Path(description=f"one of {', '.join(ALL_KINDS)}", json_schema_extra={"enum": list(ALL_KINDS)}),
 ]
 
 
@@ -110,11 +111,32 @@ async def read_plot(
     nonfinite: NonfiniteQuery = None,
     xscale: XscaleQuery = None,
     yscale: YscaleQuery = None,
+    mode: Annotated[
+        Literal["min", "max"] | None,
+        Query(description="the search kinds' objective: min or max (default: the search's)"),
+    ] = None,
 ) -> Response:
-    """A plot of a sweep: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay."""
+    """A plot of a sweep: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay;
+    of its search: search_history, search_slice, parallel_coordinates, param_importances,
+    halving_rungs (docs/plots.md, "Searches you can read")."""
     at = None if epoch is None else "last" if epoch == "last" else parse_epoch(epoch)
     info = await run_in_threadpool(store.get_sweep, sweep_id)
     version = sweep_version(info)
+    if kind in SEARCH_PLOT_KINDS:
+        objective = list(metric or [])
+        others = {"x": x, "group_by": group_by, "trial": trial, "stat": stat, "band": band,
+                  "nonfinite": nonfinite, "xscale": xscale, "yscale": yscale}  # fmt: skip
+        search_draw = _search_draw(
+            store, sweep_id, kind, objective, format, filters, at, layer, mode, others
+        )
+        asked: tuple = (kind, str(objective), format, at, layer, mode, yscale, frozen(filters))
+        image = await heavy.cached(
+            cache, ("plot", sweep_id, version, asked), search_draw, final=version[0],
+            timeout_s=heavy.plot_timeout_s, what="the plot",
+        )  # fmt: skip
+        return Response(image, media_type=MEDIA[format])
+    if mode is not None:
+        raise InvalidInput(f"{kind} does not take this parameter", field="mode")
     metrics = list(metric) if metric else default_metric(kind, info.spec)  # make_plot checks kind
     options = {"stat": stat, "band": band, "nonfinite": nonfinite, "xscale": xscale,
                "yscale": yscale}  # fmt: skip
@@ -132,3 +154,25 @@ async def read_plot(
         cache, key, draw, final=version[0], timeout_s=heavy.plot_timeout_s, what="the plot"
     )
     return Response(image, media_type=MEDIA[format])
+
+
+def _search_draw(
+    store: Any, sweep_id: int, kind: str, metrics: list[str], fmt: str, filters: Any,
+    epoch: Any, layer: int | None, mode: str | None, others: dict[str, Any],
+) -> Any:  # fmt: skip
+    """The drawing of a search kind (service.plots.search), after refusing (422) what it does
+    not take: a parameter of the other kinds, or more than one metric."""
+    for name, value in others.items():
+        if value is not None and name not in SEARCH_PARAMETERS[kind]:
+            allowed = sorted(SEARCH_PARAMETERS[kind])
+            raise InvalidInput(f"{kind} does not take this parameter", field=name, allowed=allowed)
+    if len(metrics) > 1:
+        raise InvalidInput(f"{kind} draws one objective, got {len(metrics)}", field="metric")
+
+    def draw() -> bytes:
+        return make_search_plot(
+            store, sweep_id, kind, fmt=fmt, metric=metrics[0] if metrics else None, mode=mode,
+            epoch=epoch, layer=layer, yscale=others["yscale"], where=filters,
+        )  # fmt: skip
+
+    return draw
