@@ -269,3 +269,32 @@ def test_an_affine_branch_added_to_its_own_input_counts_the_constant_once(regist
     _, rec, taps = measure(registry, shifted, n=6, d=16)
     assert [int(torch.linalg.matrix_rank(h)) for h in taps] == [4, 5]
     assert (rec["isometry_gap/output"] == math.inf).all()
+
+
+def test_equal_rows_stay_equal_through_an_activation(registry):
+    """GroupNorm with one channel per group outputs exactly β (each value minus its own mean):
+    every row the same, and σ(1βᵀ) = 1σ(β)ᵀ — one row however many activations follow (the
+    rule that a non-linearity ends every forced dependence does not hold for equal rows)."""
+
+    def blocks(d, depth):
+        gn = tnn.GroupNorm(d, d)
+        tnn.init.constant_(gn.bias, 0.4)
+        return [gn, tnn.Sequential(tnn.Tanh(), tnn.Linear(d, d), tnn.GELU())]
+
+    _, rec, taps = measure(registry, blocks, n=8, d=16)
+    for h in taps:  # by construction (torch's kernel leaves ~1e-14 of rounding in the first)
+        assert float((h - h[0]).abs().max()) < 1e-10 * float(h.abs().max())
+    assert (rec["isometry_gap/output"] == math.inf).all()
+
+
+def test_a_groupnorm_of_a_low_rank_input_has_at_most_groups_times_its_rank(registry):
+    """Each of G groups is centred and scaled on its own: rank ≤ G·rank(H) — here a rank-1
+    input (a width-1 bottleneck) and G = 2: rank 2 < n = 6, though d − G = 14 ≥ n."""
+
+    def blocks(d, depth):
+        return [tnn.Sequential(tnn.Linear(d, 1, bias=False), tnn.Linear(1, d, bias=False),
+                               tnn.GroupNorm(2, d))]  # fmt: skip
+
+    _, rec, taps = measure(registry, blocks, n=6, d=16, depth=1)
+    assert int(torch.linalg.matrix_rank(taps[0])) == 2
+    assert rec["isometry_gap/output"][0] == math.inf

@@ -13,7 +13,8 @@ is traced on its own, its input treated as unknown. Per node:
 - nn.Linear: rank ≤ min(rank, out); a bias adds 1bᵀ (rank + 1, 1 leaves the null space) unless
   it is absent or exactly 0 (its values decide, so a zero-initialised bias counts as none);
 - nn.LayerNorm over all features: rank ≤ min(rank, d − 1) (+ 1 for β ≠ 0), over the last k of
-  them (tokens): ≤ (d/k)(k − 1) (+ 1); nn.GroupNorm(G): ≤ d − G (+ 1), G = 1 keeping the rank;
+  them (tokens): ≤ (d/k)·min(k − 1, rank) (+ 1); nn.GroupNorm(G): ≤ G·min(d/G − 1, rank)
+  (+ 1), G = 1 keeping the rank;
 - nn.BatchNorm1d/2d/3d (the probe uses the batch's statistics): on (n, C) it centres every
   feature over the batch, rank ≤ min(rank, n − 1) with 1 in the null space if β = 0 (else
   rank + 1); on (n, C, …) the mean is over the batch and positions, rank + 1;
@@ -28,6 +29,8 @@ is traced on its own, its input treated as unknown. Per node:
   plus one such row;
 - a submodule with an `isosweep_structure(n, features) -> (ones_in_null, rank)` method: what it
   declares (and tracing does not enter it) — for what the rules cannot see;
+- rows that are all equal (an affine map of a rank-0 node: a one-channel-per-group GroupNorm's β)
+  stay equal through an element-wise activation: rank ≤ 1;
 - anything else: unknown (`Structure.known` False, rank only min(n, d)); an unknown input stays
   unknown through the rank-keeping layers and ends at a non-linearity.
 """
@@ -268,6 +271,11 @@ def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Str
                 if core is not None:
                     s[("core", node)] = core
                     candidates.append((("core", node), True))
+        if src is not None and _elementwise(node, g) and args[0] in origin:
+            o_src, _ = origin[args[0]]
+            if s[o_src].rank == 0:  # every row the same (1vᵀ): σ(1vᵀ) = 1σ(v)ᵀ, still one row
+                s[("rows", node)] = Structure(False, 0)
+                candidates.append((("rows", node), True))
         candidates.append((node, False))
         # rank ≤ that of the node it is affine in (+ 1 for a constant row): the tightest
         best = min(candidates, key=lambda oc: s[oc[0]].rank + int(oc[1]))
@@ -275,6 +283,17 @@ def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Str
         r = s[node]
         s[node] = Structure(r.ones_in_null, min(r.rank, s[best[0]].rank + int(best[1])), r.known)
     return {k: v for k, v in s.items() if isinstance(k, fx.Node)}
+
+
+def _elementwise(node: fx.Node, g: _Traced) -> bool:
+    """Whether the node applies one function to every entry alike (an activation; not dropout,
+    whose mask differs from entry to entry)."""
+    if node.op == "call_module":
+        m = g.root.get_submodule(str(node.target))
+        return isinstance(m, _ACTIVATIONS) and not isinstance(m, tnn.Dropout | tnn.AlphaDropout)
+    if node.op == "call_function":
+        return node.target in _ACT_FUNCTIONS and node.target is not torch.nn.functional.dropout
+    return node.op == "call_method" and node.target in _ACT_METHODS
 
 
 def _affine_origin(
@@ -349,11 +368,15 @@ def _module_rule(
         k = math.prod(m.normalized_shape)
         if k == f:
             return Structure(False, min(n, min(src.rank, f - 1) + int(not beta0)), src.known)
-        return Structure(False, min(n, f, (f // k) * (k - 1) + int(not beta0)), src.known)
+        # each of the f/k positions centred and scaled on its own: ≤ k − 1 and ≤ rank(H) each
+        r = (f // k) * min(k - 1, src.rank)
+        return Structure(False, min(n, f, r + int(not beta0)), src.known)
     if isinstance(m, tnn.GroupNorm):
         if m.num_groups == 1:
             return Structure(False, min(n, min(src.rank, f - 1) + int(not beta0)), src.known)
-        return Structure(False, min(n, f, f - m.num_groups + int(not beta0)), src.known)
+        # each group centred and scaled on its own: ≤ its size − 1 and ≤ rank(H) each
+        r = m.num_groups * min(f // m.num_groups - 1, src.rank)
+        return Structure(False, min(n, f, r + int(not beta0)), src.known)
     if isinstance(m, tnn.modules.batchnorm._BatchNorm):
         if f == m.num_features:  # (n, C): every feature centred over the batch
             r = min(src.rank, n - 1, f)
