@@ -263,8 +263,9 @@ def load_yaml(text: str, *, max_nodes: int = 100_000) -> Any:
     Raises:
         InvalidInput: field `spec`, naming the line of a syntax error or a refused value.
     """
-    loader = _Loader(text, max_nodes)
-    try:
+    loader = None
+    try:  # the reader refuses a control character while it is built: inside the try
+        loader = _Loader(text, max_nodes)
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -274,4 +275,5 @@ def load_yaml(text: str, *, max_nodes: int = 100_000) -> Any:
     except RecursionError:  # unreachable with MAX_DEPTH; kept so that it can never be a 500
         raise InvalidInput(_too_deep(), field="spec") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
