@@ -18,7 +18,7 @@ import itertools
 import json
 import math
 from collections.abc import Iterable, Mapping
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Annotated, Any, get_origin
 
@@ -638,22 +638,85 @@ def swept_fields(spec: SweepSpec) -> list[str]:
 
 def swept_values(spec: SweepSpec) -> dict[str, list[Any] | None]:
     """Each swept field (swept_fields, `seed` included) and the values its trials take, in order
-    of first appearance: an axis's values, a linked axis's, a derived field's as computed; None
-    for a sampled field (its values are drawn, or asked as the search goes) and for a derived
-    field of an adaptive search."""
+    of first appearance: an axis's values, a linked axis's, a derived field's as computed over
+    the grid's cells (and seeds, when it reads the seed); None for a sampled field (its values
+    are drawn, or asked as the search goes) and a derived field that reads one. Needs no
+    expansion: a stored spec of 10⁵ trials answers from its cells."""
+    derived = spec.derived
+    sampled = set(spec.sampled)
+    linked = {f: [p[f] for p in group] for group in spec.zips for f in group[0]}
     out: dict[str, list[Any] | None] = {}
-    trials = None if spec.adaptive else expand(spec)
     for name in swept_fields(spec):
         if name == "seed":
             out[name] = spec.seed_list
         elif name in spec.axes:
             out[name] = list(spec.axes[name])
-        elif name in spec.sampled or trials is None:
+        elif name in linked:
+            out[name] = _distinct(linked[name])
+        elif name in derived and not _reads(derived, name) & sampled:
+            seeds = spec.seed_list if "seed" in _reads(derived, name) else spec.seed_list[:1]
+            values = (
+                spec.resolve({**cell, "seed": seed})[name]
+                for cell in spec.cells()
+                for seed in seeds
+            )
+            out[name] = _distinct(values)
+        else:
             out[name] = None
-        else:  # a linked or derived field: the values of the trials, in their order
-            seen = {json.dumps(getattr(t, name), sort_keys=True): getattr(t, name) for t in trials}
-            out[name] = list(seen.values())  # (keyed by JSON: a model_params value is a dict)
     return out
+
+
+def determined_fields(spec: Mapping[str, Any], keep: Iterable[str | None] = ()) -> list[str]:
+    """The swept fields of a stored spec that its other swept fields determine, so that no plot
+    line need tell them apart: every derived field that reads a swept field (residual_scale =
+    1/√depth follows depth), and in each linked axis every field but one that identifies its
+    points (batch_size tied to width) — the first of `keep` that does, else the first written.
+    Fields in `keep` (a plot's x and group_by) are never in the answer."""
+    keep = {k for k in keep if k}
+    swept = set(swept_fields_of(spec))
+    parameters = spec.get("parameters") or {}
+    out = [k for k, v in parameters.items() if _is_derived(v) and k in swept]
+    for group in parameters.get(ZIP) or []:
+        names = list(group[0])
+        ids = [f for f in names if len(_distinct(p[f] for p in group)) == len(group)]
+        if not ids:
+            continue  # no one field names the points: all of them tell lines apart
+        anchor = next((f for f in ids if f in keep), ids[0])
+        out += [f for f in names if f != anchor]
+    return [f for f in out if f not in keep]
+
+
+def _reads(derived: Mapping[str, Expression], name: str) -> set[str]:
+    """The fields a derived field reads, through the derived fields it reads."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for n in derived[todo.pop()].names:
+            if n not in seen:
+                seen.add(n)
+                if n in derived:
+                    todo.append(n)
+    return seen
+
+
+def _distinct(values: Iterable[Any]) -> list[Any]:
+    """Values in order of first appearance, equal ones once (keyed by JSON: a model_params
+    value is a dict)."""
+    seen: dict[str, Any] = {}
+    for v in values:
+        seen.setdefault(json.dumps(v, sort_keys=True), v)
+    return list(seen.values())
+
+
+@lru_cache(maxsize=256)
+def _stored_values(text: str) -> dict[str, list[Any] | None]:
+    return swept_values(SweepSpec.model_construct(**json.loads(text)))
+
+
+def swept_values_of(spec: Mapping[str, Any]) -> dict[str, list[Any] | None]:
+    """`swept_values` of a stored spec (its JSON dump, validated when it was stored), without
+    validating it again; cached per spec."""
+    return dict(_stored_values(json.dumps(spec, sort_keys=True)))
 
 
 def swept_fields_of(spec: Mapping[str, Any], *, parameters_only: bool = False) -> list[str]:

@@ -19,7 +19,8 @@ from service.param_columns import FIELD as PARAMS
 from service.param_columns import canonical, param_of, spec_param_axes
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
 from service.plots.defaults import default_metric
-from service.spec import SweepSpec, swept_fields_of
+from service.plots.search import SEARCH_PARAMETERS, SEARCH_PLOT_KINDS
+from service.spec import SweepSpec, swept_fields_of, swept_values_of
 from service.status import TrialStatus, trials_finished
 from service.store import TrialInfo
 from service.store.models import TRIAL_STATUSES
@@ -32,9 +33,21 @@ API = "/api/v1"
 # The optional parameters each plot kind reads that a page can set (the others are an error).
 PLOT_TAKES: dict[str, tuple[str, ...]] = {
     kind: tuple(p for p in ("x", "group_by", "epoch", "layer", "stat", "yscale") if p in takes)
-    for kind, takes in PLOT_PARAMETERS.items()
+    for kind, takes in {**PLOT_PARAMETERS, **SEARCH_PARAMETERS}.items()
 }
+ALL_PLOT_KINDS = (*PLOT_KINDS, *SEARCH_PLOT_KINDS)  # service/plots/search.py: a search's
 PLOT_OPTIONS = ("metric", "x", "group_by", "epoch", "layer", "stat", "yscale")
+
+
+def sweep_kinds(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The kinds a sweep's page offers: every metric kind, the search kinds for a sampled search
+    (service/plots/search.py), halving_rungs for early stopping."""
+    kinds = list(PLOT_KINDS)
+    if spec.get("search"):
+        kinds += [k for k in SEARCH_PLOT_KINDS if k != "halving_rungs"]
+    if spec.get("early_stop"):
+        kinds.append("halving_rungs")
+    return tuple(kinds)
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -108,9 +121,9 @@ def text_of(v: Any) -> str:
 
 
 def axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """The swept fields and their values, in the spec's order, then `seed`."""
-    s = _stored(spec)
-    return {**s.axes, "seed": s.seed_list}
+    """The swept fields whose values are known from the spec (grid and linked axes, derived
+    fields: service.spec.swept_values) and their values, in the spec's order, then `seed`."""
+    return {k: v for k, v in swept_values_of(spec).items() if v is not None}
 
 
 def filter_axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -304,8 +317,8 @@ def plot_choice(
         InvalidInput: an unknown kind or metric (named, with the allowed values).
     """
     kind = param(query, "kind") or None
-    if kind is not None and kind not in PLOT_KINDS:
-        raise InvalidInput(f"unknown value {kind!r}", field="kind", allowed=PLOT_KINDS)
+    if kind is not None and kind not in ALL_PLOT_KINDS:
+        raise InvalidInput(f"unknown value {kind!r}", field="kind", allowed=ALL_PLOT_KINDS)
     if not any(param(query, k) for k in PLOT_OPTIONS):
         return default_plot(kind, swept, spec)
     choice = {"kind": kind or default_plot(None, swept, spec)["kind"]}

@@ -180,20 +180,18 @@ def swept_axes(
     """The fields a sweep varies, in the spec's order (seed left out): a grid axis → its values,
     a sampled parameter → None (its values are drawn). Fields `where` holds to one value are
     left out; a list in `where` narrows an axis to the values it names."""
-    parameters = (spec or {}).get("parameters") or {}
     from service.param_columns import FIELD as PARAMS
     from service.param_columns import spec_param_axes
-    from service.spec import swept_fields_of
+    from service.spec import swept_values_of
 
     items: list[tuple[str, list[Any] | None]] = []
-    for name in swept_fields_of(spec or {}):
+    for name, values in swept_values_of(spec or {}).items():
         if name == "seed":
             continue
         if name == PARAMS:  # an axis per model parameter its entries vary (model_params.<name>)
             items += [(k, v) for k, v in spec_param_axes(spec or {}).items() if len(v) > 1]
             continue
-        value = parameters.get(name)
-        items.append((name, list(value) if isinstance(value, list) else None))
+        items.append((name, values))
     out: dict[str, list[Any] | None] = {}
     for name, values in items:
         held = (where or {}).get(name)

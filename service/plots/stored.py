@@ -38,6 +38,7 @@ from service.plots import (
 )
 from service.plots.defaults import default_axes
 from service.plots.select import check_choice, line_label, metric_rows, resolve_epoch
+from service.spec import determined_fields, swept_values_of
 
 if TYPE_CHECKING:  # the store imports SQLAlchemy; plots are drawn without it
     from service.store import Store, TrialInfo
@@ -110,6 +111,9 @@ def make_plot(
         layers=layers_to_read(kind, layer, x, group_by, depths),
         where=where,
     )
+    # a derived or linked field follows the fields it is tied to: it draws no line of its own
+    tied = determined_fields(store.get_sweep(sweep_id).spec, keep=(x, group_by))
+    frame = frame.drop(columns=[c for c in tied if c in frame.columns])
     at = _plot_epoch(frame, epoch)
     theory = title = None
     if kind == "theory_overlay" and metrics[0] in STAGE_OF and not frame.empty:
@@ -186,10 +190,14 @@ def layers_to_read(
 
 
 def _sweep_depths(store: Store, sweep_id: int) -> list[int]:
-    """Every depth of the sweep, from its stored spec (an axis or a fixed value)."""
-    parameters = store.get_sweep(sweep_id).spec.get("parameters") or {}
-    depth = parameters.get("depth", TrialConfig.model_fields["depth"].default)
-    return [int(d) for d in depth] if isinstance(depth, list) else [int(depth)]
+    """Every depth of the sweep, from its stored spec (an axis, linked, derived or fixed); none
+    for a sampled depth (layers_to_read then reads every layer)."""
+    spec = store.get_sweep(sweep_id).spec
+    swept = swept_values_of(spec).get("depth")  # an axis, a linked axis or a derived depth
+    if swept:
+        return [int(d) for d in swept]
+    depth = (spec.get("parameters") or {}).get("depth", TrialConfig.model_fields["depth"].default)
+    return [int(depth)] if isinstance(depth, int) else []  # sampled: every layer is read
 
 
 def _plot_epoch(frame: pd.DataFrame, epoch: EpochArg) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from datetime import timedelta
@@ -239,8 +240,10 @@ def planned_trials(spec: dict[str, Any]) -> int | None:
     if search.get("kind") != "tpe":
         return None
     cells = 1
-    for v in (spec.get("parameters") or {}).values():
-        if isinstance(v, list):
+    for k, v in (spec.get("parameters") or {}).items():
+        if k == "zip":  # linked axes (service.spec): one axis each
+            cells *= math.prod(len(group) for group in v)
+        elif isinstance(v, list):
             cells *= len(v)
     seeds = spec.get("seeds", 1)
     return int(search["n"]) * cells * (seeds if isinstance(seeds, int) else len(seeds))
