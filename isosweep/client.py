@@ -596,9 +596,11 @@ class Client:
         **params: Any,
     ) -> bytes:
         """A figure of the sweep, drawn by the server (docs/plots.md): `kind` one of
-        layer_profile, depth_scaling, training_curves, heatmap, theory_overlay; `params` the
-        route's (metric, x, group_by, epoch, layer, trial). PNG or SVG bytes (`format`, default
-        from `path`'s suffix, else png), also written to `path` when given."""
+        layer_profile, depth_scaling, training_curves, heatmap, theory_overlay, or of its search
+        search_history, search_slice, parallel_coordinates, param_importances, halving_rungs;
+        `params` the route's (metric, x, group_by, epoch, layer, trial; mode for the search
+        kinds). PNG or SVG bytes (`format`, default from `path`'s suffix, else png), also
+        written to `path` when given."""
         if format is None:
             format = "svg" if path is not None and Path(path).suffix.lower() == ".svg" else "png"
         query = _params(where, format=format, **params)

@@ -151,7 +151,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plot", parents=[common], help="save a plot of a sweep (PNG, SVG)")
     p.add_argument("sweep", type=int, metavar="SWEEP")
     p.add_argument("kind", metavar="KIND", help="layer_profile, depth_scaling, training_curves, "
-                   "heatmap or theory_overlay")  # fmt: skip
+                   "heatmap, theory_overlay; of a search: search_history, search_slice, "
+                   "parallel_coordinates, param_importances, halving_rungs")  # fmt: skip
     p.add_argument("--metric", action="append", metavar="M", help="repeatable (training_curves)")
     p.add_argument("--x", help="the x axis: a config field, epoch or layer")
     p.add_argument("--group-by", help="one line (or heatmap row) per value of")
@@ -171,6 +172,8 @@ def register(subparsers) -> None:
     p.add_argument("--xscale", metavar="S", help="auto (default), log or linear")
     p.add_argument("--yscale", metavar="S", help="auto, log or linear (default: log for a gap "
                    "or gradient norm against depth or layer, else auto)")  # fmt: skip
+    p.add_argument("--mode", choices=("min", "max"), help="a search kind's objective: min or "
+                   "max (default: the search's)")  # fmt: skip
     p.set_defaults(func=plot)
 
     p = subparsers.add_parser(
@@ -349,6 +352,7 @@ def plot(args: argparse.Namespace) -> int:
     fmt = args.format or ("svg" if args.output and args.output.suffix.lower() == ".svg" else "png")
     given = {"x": args.x, "group_by": args.group_by, "epoch": args.epoch, "layer": args.layer}
     given |= {k: getattr(args, k) for k in ("stat", "band", "nonfinite", "xscale", "yscale")}
+    given["mode"] = getattr(args, "mode", None)
     params = {k: v for k, v in {**given, "trial": args.trial}.items() if v is not None}
     with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
         image = api.plot(args.sweep, args.kind, format=fmt, where=filters(args.where),

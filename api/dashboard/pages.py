@@ -31,7 +31,7 @@ from service import __version__
 from service.config import METRICS, SCALAR_METRICS, TrialConfig
 from service.errors import InvalidInput, IsosweepError, NotFound
 from service.models import layer_metrics
-from service.plots import METRIC_LABELS, PLOT_KINDS
+from service.plots import METRIC_LABELS
 from service.plots.defaults import family_gap, preferred_gaps
 from service.search.best import best_trial
 from service.store import Store, TrialInfo
@@ -176,11 +176,11 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
         plot_png=v.plot_url(sweep.id, plot, table.where, fmt="png"),
         quick=[
             (k, v.url(path, table.params() | v.default_plot(k, swept, sweep.spec)))
-            for k in PLOT_KINDS
+            for k in v.sweep_kinds(sweep.spec)
         ],
         keep_table=v.pairs(table.params()),
         keep_plot=v.pairs(plot),
-        kinds=PLOT_KINDS,
+        kinds=v.sweep_kinds(sweep.spec),
         takes=v.PLOT_TAKES,
         options=v.plot_options(list(swept)),
         metrics=METRICS,

@@ -28,7 +28,7 @@ from api.routes.deps import (
     frozen,
     parse_epoch,
 )
-from service.errors import InvalidInput
+from service.errors import InvalidInput, NotFound
 from service.plots import PLOT_KINDS, PLOT_OPTIONS
 from service.plots.defaults import DEFAULT_METRIC, default_metric
 from service.plots.search import SEARCH_PARAMETERS, SEARCH_PLOT_KINDS, make_search_plot
@@ -119,6 +119,8 @@ async def read_plot(
     """A plot of a sweep: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay;
     of its search: search_history, search_slice, parallel_coordinates, param_importances,
     halving_rungs (docs/plots.md, "Searches you can read")."""
+    if kind not in ALL_KINDS:
+        raise NotFound(f"no plot kind {kind!r} (kinds: {', '.join(ALL_KINDS)})")
     at = None if epoch is None else "last" if epoch == "last" else parse_epoch(epoch)
     info = await run_in_threadpool(store.get_sweep, sweep_id)
     version = sweep_version(info)

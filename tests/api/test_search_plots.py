@@ -5,7 +5,14 @@ search, and a 422 naming why where a kind does not apply, never a 5xx."""
 from __future__ import annotations
 
 import math
+import os
+import re
+import subprocess
+import sys
+from html import unescape
+from pathlib import Path
 
+import httpx
 import pytest
 from api_support import record, spec, submit
 
@@ -96,3 +103,41 @@ def test_the_client_draws_a_search_kind(api, tmp_path):
     with isosweep.Client(api.url) as c:
         image = c.plot(s["id"], "search_history", metric="train_loss", path=tmp_path / "h.svg")
     assert b"<svg" in image[:2000] and (tmp_path / "h.svg").read_bytes() == image
+
+
+def test_the_sweep_page_links_each_search_kind_and_its_figure_draws(api):
+    s = _asha(api)
+    base = api.url
+    html = httpx.get(f"{base}/sweeps/{s['id']}", timeout=60).text
+    links = re.findall(r'<a href="([^"]+)"(?: class="current")?>(\w+)</a>', html)
+    kinds = {kind: unescape(href) for href, kind in links if kind in SEARCH_PLOT_KINDS}
+    assert set(kinds) == set(SEARCH_PLOT_KINDS)
+    for kind, href in kinds.items():
+        view = httpx.get(f"{base}{href}", timeout=60)
+        assert view.status_code == 200, (kind, view.text[:500])
+        img = unescape(re.search(r'<img data-plot src="([^"]+)"', view.text).group(1))
+        assert f"/plots/{kind}?" in img
+        r = httpx.get(f"{base}{img}", timeout=60)
+        assert r.status_code == 200, (kind, r.text)
+        assert b"<svg" in r.content[:2000]
+    plain = submit(api, spec("grid", seeds=1, depth=[2, 3]))
+    html = httpx.get(f"{base}/sweeps/{plain['id']}", timeout=60).text
+    assert not any(f">{k}</a>" in html for k in SEARCH_PLOT_KINDS)  # no search: not offered
+
+
+def test_the_cli_saves_a_search_kind(api, tmp_path):
+    s = _asha(api)
+    out = tmp_path / "rungs.svg"
+    env = {**os.environ, "ISOSWEEP_API_URL": api.url}
+    env.pop("ISOSWEEP_API_TOKEN", None)
+    isosweep_cli = Path(sys.executable).with_name("isosweep")
+    args = [str(isosweep_cli), "plot", str(s["id"])]
+    r = subprocess.run([*args, "halving_rungs", "-o", str(out)], env=env, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert b"<svg" in out.read_bytes()[:2000]
+    r = subprocess.run([*args, "search_history", "--mode", "max", "--metric", "train_loss", "-o",
+                        str(tmp_path / "h.png")], env=env, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
