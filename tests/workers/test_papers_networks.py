@@ -2,7 +2,8 @@
 them, against isosweep configured to match (docs/papers.md).
 
 - Meterez et al. 2024: Linear (bias, torch's default init) → BatchNorm1d (ε = 1e-5) → σ, hidden
-  weights orthogonal ignoring any gain (torch.nn.init.orthogonal_), a Xavier head, width = batch.
+  weights orthogonal ignoring any gain (torch.nn.init.orthogonal_), the head included (their
+  reset_parameters loops over every Linear), width = batch.
 - Joudaki et al. 2023: inputs scaled to unit RMS, then Linear → σ → a custom LayerNorm that
   centres and scales each sample with ε = 0; torch's default init throughout.
 
@@ -38,8 +39,7 @@ MEZ = dict(  # Meterez et al. 2024's network
     order="norm_act",
     init="orthogonal",
     orthogonal_gain=False,  # torch.nn.init.orthogonal_ ignores the experiment's gain
-    head_init="xavier",
-    bias=True,
+    bias=True,  # head_init unset: the head is initialized as every Linear (docs/papers.md)
     bias_init="torch",
     norm_eps=1e-5,
 )
@@ -66,9 +66,8 @@ class MeterezMLP(torch.nn.Module):
         self.fc = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in itertools.pairwise(dims))
         self.bn = torch.nn.ModuleList(torch.nn.BatchNorm1d(width) for _ in range(depth))
         self.head = torch.nn.Linear(width, n_classes)
-        for fc in self.fc:
+        for fc in [*self.fc, self.head]:  # every Linear alike, the head included
             torch.nn.init.orthogonal_(fc.weight)  # gain 1, whatever the experiment's gain
-        torch.nn.init.xavier_normal_(self.head.weight)
 
     def forward(self, x):
         taps = []
@@ -190,9 +189,8 @@ def test_their_fc_1_is_isosweeps_layer_2():
 
 
 def test_isosweeps_own_init_for_the_meterez_network():
-    """isosweep's own draws for the matching config: orthogonal hidden weights with the gain
-    ignored, a Xavier-normal head (which init_gain does scale: set it to 1, their value, to
-    match), biases U(−1/√fan_in, 1/√fan_in)."""
+    """isosweep's own draws for the matching config: orthogonal weights with the gain ignored,
+    the head included (its 10 rows orthonormal), biases U(−1/√fan_in, 1/√fan_in)."""
     config = TrialConfig(**{**MEZ, "init_gain": 1.5})
     spec = nn.make_spec(config)
     p = nn.init_params_of(spec, config, generator(config.seed, "init"))
@@ -200,8 +198,8 @@ def test_isosweeps_own_init_for_the_meterez_network():
     for ell in range(1, DEPTH + 1):
         W = p[f"W{ell}"].double()
         torch.testing.assert_close(W @ W.T, eye, atol=1e-5, rtol=0)  # not 1.5² I
-    head = p["W_head"].double()  # 10 × 100: variance 2g²/(100 + 10); s.e. √(2/1000) ≈ 4.5 %
-    assert float(head.var()) == pytest.approx(2 * 1.5**2 / 110, rel=4 * math.sqrt(2 / 1000))
+    head = p["W_head"].double()  # 10 × 100, semi-orthogonal: W Wᵀ = I₁₀, not 1.5² I
+    torch.testing.assert_close(head @ head.T, torch.eye(10, dtype=F64), atol=1e-5, rtol=0)
     biases = torch.cat([p[f"b{ell}"] for ell in range(1, DEPTH + 1)] + [p["b_head"]]).double()
     bound = 1 / math.sqrt(100)  # every fan_in is 100 here (the gaussian set has 100 features)
     assert float(biases.abs().max()) <= bound
