@@ -22,12 +22,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.errors import WRITE_RESPONSES
 from api.routes.deps import INT32_MAX, StoreDep, SweepId, TrialId
 from api.routes.sweeps import sweep_public, trial_public
-from api.schemas import SweepPublic, TrialPublic
+from api.schemas import ErrorPublic, SweepPublic, TrialPublic
 from service.errors import InvalidInput
 from service.jsonfmt import NONFINITE, to_jsonable
 from service.store import external
 
 router = APIRouter(tags=["external"])
+
+# A JSON body that does not parse is a 400 (FastAPI's own answer, in the API's error shape).
+RESPONSES = {
+    **WRITE_RESPONSES,
+    400: {"model": ErrorPublic, "description": "the body is not JSON"},
+}
 
 Name = Annotated[str, Field(min_length=1, max_length=external.MAX_NAME)]
 
@@ -68,18 +74,14 @@ def _numbers(v: Any, where: str) -> Any:
     return v
 
 
-@router.post(
-    "/external/sweeps", response_model=SweepPublic, responses=WRITE_RESPONSES, tags=["external"]
-)
+@router.post("/external/sweeps", response_model=SweepPublic, responses=RESPONSES, tags=["external"])
 def open_external_sweep(body: ExternalSweepBody, store: StoreDep) -> SweepPublic:
     """Find the external sweep called `name`, or create it (running, never claimed by a
     runner); its spec is {external: true, name, parameters: the flattened config, runs}."""
     return sweep_public(external.store_open_sweep(store, body.name, external.flatten(body.config)))
 
 
-@router.post(
-    "/external/sweeps/{sweep_id}/trials", response_model=TrialPublic, responses=WRITE_RESPONSES
-)
+@router.post("/external/sweeps/{sweep_id}/trials", response_model=TrialPublic, responses=RESPONSES)
 def open_external_trial(sweep_id: SweepId, body: ExternalTrialBody, store: StoreDep) -> TrialPublic:
     """Find the external sweep's trial of run key `run`, or create it (running)."""
     info = external.store_open_trial(
@@ -93,7 +95,7 @@ def open_external_trial(sweep_id: SweepId, body: ExternalTrialBody, store: Store
     return trial_public(info)
 
 
-@router.post("/external/trials/{trial_id}/records", responses=WRITE_RESPONSES)
+@router.post("/external/trials/{trial_id}/records", responses=RESPONSES)
 def append_external_record(
     trial_id: TrialId, body: ExternalRecordBody, store: StoreDep
 ) -> dict[str, Any]:
@@ -103,7 +105,7 @@ def append_external_record(
     return external.store_append(store, trial_id, record)
 
 
-@router.post("/external/trials/{trial_id}/finish", responses=WRITE_RESPONSES)
+@router.post("/external/trials/{trial_id}/finish", responses=RESPONSES)
 def finish_external_trial(trial_id: TrialId, store: StoreDep) -> dict[str, Any]:
     """End the run: the trial `completed` (or `diverged`); the sweep finishes with its last
     run (`cancelled` after a cancel)."""
