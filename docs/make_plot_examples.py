@@ -1,6 +1,7 @@
 """Draw docs/img/plots/<kind>.png, one example per plot kind, from synthetic tidy frames.
 
-    .venv/bin/python docs/make_plot_examples.py
+    .venv/bin/python docs/make_plot_examples.py            # the metric kinds
+    .venv/bin/python docs/make_plot_examples.py --search   # the search kinds (a temporary store)
 
 The numbers are made up to look like the papers' figures (docs/science.md); they are not
 measurements.
@@ -164,5 +165,67 @@ def main() -> None:
         print(path.relative_to(ROOT))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--search" not in sys.argv:
     main()
+
+
+# --- the search kinds (service/plots/search.py): drawn from a synthetic store -----------------
+
+
+def search_examples() -> None:
+    """docs/img/plots/<kind>.png for the search kinds, from made-up sweeps written to a temporary
+    SQLite store: examples/lr_search.yaml (2 depths × 8 log-uniform learning rates × 2 seeds, a
+    random search, every trial completed) for the search's figures, and
+    examples/lr-depth-trainability.yaml (3 depths, 8 epochs, successive halving) for
+    halving_rungs. test_loss(e) = L∞ + (2.3 − L∞)·exp(−e·k), L∞ a bowl in log10 lr that narrows
+    with depth, k growing with lr; train_loss = 0.9·test_loss. The halving sweep's stops are
+    decided by the rule (service.search.halving.decide) in trial order, as the asynchronous rule
+    would with trials finishing in that order."""
+    import tempfile
+
+    from service.plots.search import SEARCH_PLOT_KINDS, make_search_plot
+    from service.search.halving import decide, rungs
+    from service.spec import load_spec
+    from service.store import Store
+
+    rng = np.random.default_rng(0)
+
+    def losses(config: dict) -> np.ndarray:
+        lr, depth, n = config["lr"], config["depth"], config["epochs"] + 1
+        floor = 0.08 + (0.35 + depth / 60) * (np.log10(lr) + 1.3) ** 2
+        k = 0.15 + 2.0 * lr**0.5
+        return floor + (2.3 - floor) * np.exp(-k * np.arange(n)) + rng.normal(0, 0.01, n)
+
+    def write(store: Store, tid: int, curve: np.ndarray, last: int, status: str) -> None:
+        store.write_records([
+            (tid, {"epoch": e, "diverged": False, "test_loss": float(curve[e]),
+                   "train_loss": 0.9 * float(curve[e])})
+            for e in range(last + 1)
+        ])  # fmt: skip
+        store.finish_trial(tid, status)
+
+    with tempfile.TemporaryDirectory() as tmp, Store(f"sqlite:///{tmp}/docs.db") as store:
+        plain = store.create_sweep(load_spec(ROOT / "examples" / "lr_search.yaml"))
+        for t in store.list_trials(plain.id, limit=1000)[0]:
+            write(store, t.id, losses(t.config), t.config["epochs"], "completed")
+        halving = store.create_sweep(load_spec(ROOT / "examples" / "lr-depth-trainability.yaml"))
+        at_rung: dict[int, list[float]] = {r: [] for r in rungs(1, 2, 8)}
+        for t in sorted(store.list_trials(halving.id, limit=1000)[0], key=lambda t: t.index):
+            curve, last, status = losses(t.config), t.config["epochs"], "completed"
+            for r, seen in at_rung.items():
+                stop = decide(seen, curve[r], "min", 2)
+                seen.append(float(curve[r]))
+                if stop:
+                    last, status = r, "stopped"
+                    break
+            write(store, t.id, curve, last, status)
+        for kind in SEARCH_PLOT_KINDS:
+            path = OUT / f"{kind}.png"
+            sweep = halving if kind == "halving_rungs" else plain
+            path.write_bytes(make_search_plot(store, sweep.id, kind))
+            print(path.relative_to(ROOT))
+
+
+if __name__ == "__main__" and "--search" in sys.argv:
+    OUT.mkdir(parents=True, exist_ok=True)
+    search_examples()
