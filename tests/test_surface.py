@@ -51,6 +51,11 @@ from surface_support import (
 from service.isometry import gap_from_eigenvalues
 from service.plots import PLOT_KINDS
 
+try:  # the search kinds (issue 22), where this tree has them
+    from service.plots.search import SEARCH_PLOT_KINDS
+except ImportError:  # pragma: no cover
+    SEARCH_PLOT_KINDS = ()
+
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 SPECS = sweeps_to_run()
@@ -540,6 +545,8 @@ def test_every_plot_kind_with_its_defaults(surface, name):
         r = attempt(found, plot, surface, name, kind, strict)
         if r is not None and family_blind(r):
             found.append(f"{kind}: the default metric is one the sweep does not record: {r.text}")
+    for kind in SEARCH_PLOT_KINDS:  # a sweep without a search: a 422 saying so
+        attempt(found, plot, surface, name, kind, False)
     png = attempt(found, surface.get, f"/sweeps/{sid(surface, name)}/plots/layer_profile")
     if png is not None and not png.content.startswith(PNG):
         found.append("layer_profile's default format is not PNG")
