@@ -3,6 +3,9 @@
     render("depth_scaling", frame, metric="grad_norm", group_by="init", layer=1) -> bytes
 
 Kinds: layer_profile, depth_scaling, training_curves, heatmap, theory_overlay (docs/plots.md).
+The search kinds (SEARCH_PLOT_KINDS: search_history, search_slice, parallel_coordinates,
+param_importances, halving_rungs) read a stored sweep's trials, not a frame:
+service.plots.search.make_search_plot.
 Seeds are pooled by `stat` (mean, geomean, median) with a `band` (ci, std, iqr, none), non-finite
 values excluded or propagated (`nonfinite`), on `xscale`/`yscale` auto, log or linear
 (service.plots.pooling; PLOT_OPTIONS). Unset, they follow the field (service.plots.defaults).
@@ -21,6 +24,7 @@ from service.errors import InvalidInput
 from service.plots.defaults import default_pooling, field_default
 from service.plots.labels import METRIC_LABELS, field_label
 from service.plots.pooling import BANDS, NONFINITE, SCALES, STATS
+from service.plots.search import SEARCH_PLOT_KINDS
 from service.plots.select import (
     GAP_METRICS,
     Lines,
@@ -51,6 +55,7 @@ __all__ = [
     "PLOT_KINDS",
     "PLOT_OPTIONS",
     "PLOT_PARAMETERS",
+    "SEARCH_PLOT_KINDS",
     "Grid",
     "Lines",
     "Pooling",

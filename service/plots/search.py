@@ -296,7 +296,8 @@ def param_importances(s: SearchTrials, seed: int = 0) -> dict[str, float]:
     distributions (service.search.tpe.optuna_distribution; a varying grid field categorical).
 
     Raises:
-        InvalidInput: fewer than 2 drawn trials, or no parameter that varies among them.
+        InvalidInput: fewer than 2 drawn trials, no parameter that varies among them, or an
+            objective that does not vary (fANOVA has no variance to apportion).
     """
     done = check_params(s, "param_importances", least=2)
     varying = [p for p in s.params if done[p].map(_key).nunique() > 1]
@@ -310,13 +311,22 @@ def param_importances(s: SearchTrials, seed: int = 0) -> dict[str, float]:
 
     from service.search.tpe import _choice_key, optuna_distribution
 
+    if done["value"].nunique() < 2:
+        raise InvalidInput(
+            f"param_importances: {s.objective.metric} is the same in every completed trial: "
+            "there is no variance to apportion",
+            field="kind",
+        )
     dists = {p: optuna_distribution(s.params[p]) for p in varying}
     study = optuna.create_study(direction="minimize" if s.objective.mode == "min" else "maximize")
     for _, row in done.iterrows():
         params = {p: _choice_key(row[p]) for p in varying}
         study.add_trial(create_trial(value=float(row["value"]), params=params,
                                      distributions=dists))  # fmt: skip
-    out = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=seed))
+    try:
+        out = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=seed))
+    except (RuntimeError, ValueError) as exc:  # what fANOVA cannot fit is the data's, not ours
+        raise InvalidInput(f"param_importances: {exc}", field="kind") from None
     return {k: float(v) for k, v in out.items()}
 
 

@@ -247,3 +247,44 @@ def test_a_parameter_the_kind_does_not_take_is_named(store):
     with pytest.raises(InvalidInput) as exc:
         search.make_search_plot(store, sweep.id, "parallel_coordinates", yscale="log")
     assert exc.value.field == "yscale"
+
+
+def test_a_tpe_search_draws_its_own_objective_layer_mode_and_epoch(store):
+    from service.config import parse_trial_config
+    from service.search.tpe import cells
+
+    spec = parse_spec({
+        "name": "tpe", "seeds": 1,
+        "search": {"kind": "tpe", "n": 4, "objective": "grad_norm", "layer": 1, "mode": "max",
+                   "epoch": 1, "seed": 0},
+        "parameters": {**BASE, "depth": [2, 3], "lr": {"loguniform": [1e-4, 1.0]}, "epochs": 2},
+    })  # fmt: skip
+    sweep = store.create_sweep(spec)
+    lrs = [0.3, 0.001, 0.05, 0.0002]
+    configs = [parse_trial_config(spec.resolve({**base, "lr": lr}))
+               for _, base in cells(spec) for lr in lrs]  # fmt: skip
+    trials = store.append_trials(sweep.id, configs)
+    for t in trials:  # grad_norm at ℓ = 1: 10·lr + 100·epoch; ℓ = 2 is far larger (never drawn)
+        d = t.config["depth"]
+        store.write_records([
+            (t.id, record(t.id, e, d, grad_norm=np.array([10 * t.config["lr"] + 100 * e]
+                                                         + [1e6] * (d - 1))))
+            for e in range(3)
+        ])  # fmt: skip
+        store.finish_trial(t.id, "completed")
+    s = search.load_search(store, sweep.id)
+    assert s.objective == search.Objective("grad_norm", "max", 1, 1)
+    lines = search.history_series(s)
+    assert sorted(lines) == ["depth=2, seed=0", "depth=3, seed=0"]
+    for part in lines.values():
+        expected = 10 * np.array(lrs) + 100  # epoch 1's record, not the last (epoch 2)
+        np.testing.assert_allclose(part["value"], expected, rtol=1e-12)
+        np.testing.assert_array_equal(part["best"], np.maximum.accumulate(expected))
+
+
+def test_importances_refuse_an_objective_that_does_not_vary(store):
+    sweep, trials = _lr_search(store)
+    for t in trials:  # every trial's last train_loss the same
+        store.write_records([(t.id, record(t.id, 3, t.config["depth"], train_loss=0.5))])
+    with pytest.raises(InvalidInput, match="no variance to apportion"):
+        search.make_search_plot(store, sweep.id, "param_importances")
