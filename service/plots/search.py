@@ -159,11 +159,11 @@ def load_search(
     where: dict[str, Any] | None = None,
 ) -> SearchTrials:
     """The sweep's trials, their studies, parameters and objective values (from the store)."""
-    from service.spec import parse_spec
+    from service.spec import SweepSpec
 
     info = store.get_sweep(sweep_id)
     obj = objective or resolve_objective(info.spec)
-    spec = parse_spec(info.spec)
+    spec = SweepSpec.model_validate(info.spec)  # as the driver reads it: stored, so valid
     trials = _all_trials(store, sweep_id, where)
     axes = list(spec.grid_fields)
     rows = []
@@ -514,7 +514,9 @@ def _slice_figure(s: SearchTrials, yscale: str | None) -> Figure:
     from service.plots import draw
 
     title = f"{s.objective.metric} against each parameter"
-    done = check_params(s, "search_slice")
+    done = check_params(s, "search_slice", least=0)
+    if done.empty:
+        return draw.no_data(title, s.left_out() or "no trials yet")
     names = list(s.params)
     fig = draw.FittedFigure(figsize=(draw.WIDTH, 3.2 * math.ceil(len(names) / 2) + 0.8),
                             layout="constrained")  # fmt: skip
@@ -551,7 +553,9 @@ def _parallel_figure(s: SearchTrials) -> Figure:
     from service.plots import draw
 
     title = f"parallel coordinates: parameters and {s.objective.metric}"
-    done = check_params(s, "parallel_coordinates")
+    done = check_params(s, "parallel_coordinates", least=0)
+    if done.empty:
+        return draw.no_data(title, s.left_out() or "no trials yet")
     names = list(s.params)
     cols, labels = [], []
     for name in names:

@@ -288,3 +288,18 @@ def test_importances_refuse_an_objective_that_does_not_vary(store):
         store.write_records([(t.id, record(t.id, 3, t.config["depth"], train_loss=0.5))])
     with pytest.raises(InvalidInput, match="no variance to apportion"):
         search.make_search_plot(store, sweep.id, "param_importances")
+
+
+def test_a_search_not_run_yet_draws_no_data_and_importances_say_why(store):
+    spec = parse_spec({
+        "name": "unrun", "seeds": 1, "search": {"kind": "sobol", "n": 4, "seed": 0},
+        "early_stop": {"kind": "successive_halving", "metric": "test_loss"},
+        "parameters": {**BASE, "depth": 2, "epochs": 2, "lr": {"loguniform": [1e-3, 1.0]}},
+    })  # fmt: skip
+    sweep = store.create_sweep(spec)
+    for kind in ("search_history", "search_slice", "parallel_coordinates", "halving_rungs"):
+        fig = search.build_search_figure(store, sweep.id, kind)
+        texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+        assert any(t.startswith("no data") for t in texts), (kind, texts)
+    with pytest.raises(InvalidInput, match="the sweep has 0"):
+        search.make_search_plot(store, sweep.id, "param_importances")
