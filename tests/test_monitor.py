@@ -221,7 +221,7 @@ def live(database_url):
 
 @pytest.mark.slow
 def test_records_through_a_server_are_read_like_any_sweep(live):
-    url, _ = live
+    url, store = live
     model, (x, y) = tiny(), batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     with isosweep.Client(url, token="") as c:
@@ -229,7 +229,10 @@ def test_records_through_a_server_are_read_like_any_sweep(live):
         expected = []
         for step in (0, 1, 2):
             loss = train_step(model, opt, x, y)
-            expected.append(isosweep.probe(model, x, y=y, taps="blocks.{i}")[GAP])
+            reference = isosweep.probe(model, x, y=y, taps="blocks.{i}")
+            expected.append(reference[GAP])
+            if step == 0:
+                first_rms = reference["rms"]
             assert m.record(step, loss=loss)
         assert m.finish() == "completed"
         gaps = c.metrics(m.sweep_id, metric=GAP)
@@ -242,6 +245,18 @@ def test_records_through_a_server_are_read_like_any_sweep(live):
         assert c.plot(m.sweep_id, "layer_profile", metric=GAP).startswith(b"\x89PNG")
         both = c.compare([m.sweep_id], metric=GAP, epoch="last")
         assert len(both) == 3
+        # beside a sweep isosweep ran (its one trial's epoch-0 record written by hand here)
+        ref = c.submit({"name": "ref", "parameters": {"depth": 3, "width": 8, "epochs": 0}})
+        store.claim_sweep("test-runner", 600.0, sweep_id=ref["id"])
+        (t,) = store.list_trials(ref["id"])[0]
+        store.start_trial(t.id)
+        store.write_records([(t.id, {"epoch": 0, "rms": np.array([1.0, 2.0, 4.0])})])
+        store.finish_trial(t.id, "completed")
+        store.finish_sweep(ref["id"])
+        rms = c.compare([m.sweep_id, ref["id"]], metric="rms", epoch=0)
+        assert sorted(set(rms["sweep_id"])) == sorted([m.sweep_id, ref["id"]]) and len(rms) == 6
+        mine = rms[rms["sweep_id"] == m.sweep_id].sort_values("layer")["value"].to_numpy()
+        np.testing.assert_array_equal(mine, first_rms)
         page = httpx.get(f"{url}/sweeps/{m.sweep_id}")
         assert page.status_code == 200 and "external" in page.text
 
