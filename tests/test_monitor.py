@@ -194,6 +194,13 @@ def test_bad_input_is_named(store):
         isosweep.Monitor(model, x, store=store, sweep="runs-here")
 
 
+def test_a_submitted_spec_cannot_use_the_external_model(store):
+    spec = parse_spec({"name": "x", "parameters": {"model": "external", "norm": "none"}})
+    with pytest.raises(InvalidInput, match="own training loop") as e:
+        store.create_sweep(spec)
+    assert e.value.field == "parameters.model" and store.list_sweeps()[1] == 0
+
+
 def test_the_runner_never_claims_an_external_sweep_and_still_claims_the_others(store):
     model, (x, _) = tiny(), batch()
     m = isosweep.Monitor(model, x, store=store, sweep="mine")

@@ -289,6 +289,12 @@ def trial_rows(spec: SweepSpec, settings: Settings) -> list[dict[str, Any]]:
     """
     rows = []
     for i, c in enumerate(check_limits(spec, settings)):
+        if c.model == "external":  # isosweep.Monitor's trials (service/store/external.py)
+            raise InvalidInput(
+                "model 'external' is recorded by the user's own training loop "
+                "(isosweep.Monitor, docs/own-loop.md); a sweep isosweep runs cannot use it",
+                field="parameters.model",
+            )
         rows.append(
             {
                 "index": i,
