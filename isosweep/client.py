@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from service import jsonfmt
+from service import jsonfmt, param_columns
 from service.errors import IsosweepError
 from service.jsonfmt import NONFINITE, decode_float
 from service.status import SweepStatus
@@ -667,10 +667,14 @@ TRIAL_KEYS = ("status", "attempts", "epochs_done", "epochs_total", "last_epoch",
 
 def _trial_row(t: dict[str, Any]) -> dict[str, Any]:
     """A TrialPublic as one flat row: config fields bare (prefixed `config.` should one ever
-    share a trial key's name), the summary's metrics as `summary.<metric>`."""
+    share a trial key's name), a model's parameters also as `model_params.<name>` (as metrics
+    rows have them), the summary's metrics as `summary.<metric>`."""
     row: dict[str, Any] = {"trial_id": t["id"], "index": t["index"]}
     taken = {"trial_id", "index", *TRIAL_KEYS}
     row |= {(f"config.{k}" if k in taken else k): v for k, v in t["config"].items()}
+    params = t["config"].get(param_columns.FIELD)
+    if isinstance(params, dict):  # a registered model's parameters, one column each
+        row |= {param_columns.column_of(k): param_columns.cell(v) for k, v in params.items()}
     row |= {k: t[k] for k in TRIAL_KEYS if k in t}
     row |= {f"summary.{k}": v for k, v in t["summary"].items()}
     return row

@@ -565,3 +565,20 @@ def test_the_python_doc_runs_cell_by_cell(live, monkeypatch, tmp_path, capsys):
     assert len(grads) == 8 and grads["mean"].dtype == np.float64  # 4 depths × 2 inits
     assert env["png"].startswith(PNG) and (tmp_path / "grad-depth.png").read_bytes() == env["png"]
     assert "422 metric" in capsys.readouterr().out
+
+
+def test_a_trial_row_carries_each_model_parameter_as_its_own_column():
+    from isosweep.client import _trial_row
+
+    t = {
+        "id": 7,
+        "index": 0,
+        "config": {"model": "wide_mlp", "model_params": {"expansion": 4, "sizes": [1, 2]}},
+        "summary": {"train_loss": 0.5},
+        "status": "completed",
+    }
+    row = _trial_row(t)
+    assert row["model_params"] == {"expansion": 4, "sizes": [1, 2]}
+    assert row["model_params.expansion"] == 4
+    assert row["model_params.sizes"] == "[1,2]"  # a list parameter as its canonical JSON text
+    assert row["summary.train_loss"] == 0.5
