@@ -68,7 +68,9 @@ class PredictRequest(BaseModel):
     inputs: list[list[float]] | None = Field(
         None, description="the probe batch (n, d_in); default: orthonormal unit-RMS inputs"
     )
-    labels: list[int] | None = Field(None, description="its classes (n,), for the head's gradient")
+    labels: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = Field(
+        None, description="its classes (n,), for the head's gradient"
+    )
     samples: int = Field(
         theory.predict.__kwdefaults__["samples"],  # type: ignore[index]
         ge=256,

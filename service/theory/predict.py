@@ -223,7 +223,15 @@ def _input_kernel(c: TrialConfig, inputs: np.ndarray | None) -> tuple[np.ndarray
         if not (rms > 0).all():
             raise InvalidInput("an all-zero input cannot be scaled to unit RMS", field="inputs")
         X = X / rms
-    return X @ X.T / X.shape[1], X.shape[1], f"the given inputs ({X.shape[0]} × {X.shape[1]})"
+    with np.errstate(over="ignore", invalid="ignore"):
+        K = X @ X.T / X.shape[1]
+    if not np.isfinite(K).all():  # |x| near 1e154 or more: x·x overflows float64
+        raise InvalidInput(
+            "values this large overflow their float64 Gram; rescale them (the prediction is "
+            "scale-free for a normalized network)",
+            field="inputs",
+        )
+    return K, X.shape[1], f"the given inputs ({X.shape[0]} × {X.shape[1]})"
 
 
 def _head_kernel(K: np.ndarray, var: float, labels: np.ndarray, classes: int, net: _Net):

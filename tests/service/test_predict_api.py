@@ -66,6 +66,12 @@ def test_route_with_inputs_and_labels(client):
         ({"config": {}, "inputs": [[1.0, 2.0]]}, "inputs"),
         ({"config": {"batch_size": 2}, "inputs": [[1.0], [2.0]], "labels": [0, 10]}, "labels"),
         ({"config": {}, "samples": 10}, "samples"),
+        # found by schemathesis: a label past 64 bits, inputs whose Gram overflows (were 500s)
+        (
+            {"config": {"batch_size": 2}, "inputs": [[1.0], [2.0]], "labels": [0, 10**22]},
+            "labels.1",
+        ),
+        ({"config": {"batch_size": 2}, "inputs": [[1e300, 1.0], [1.0, 1e300]]}, "inputs"),
         ({}, "config"),
     ],
 )
