@@ -254,7 +254,7 @@ def compare_page(request: Request) -> HTMLResponse:
     ids = v.compare_ids(query)
     sweeps = [store.get_sweep(i) for i in ids]
     specs = {s.id: s.spec for s in sweeps}
-    plot = v.compare_choice(query)
+    plot = v.compare_choice(query, [s.spec for s in sweeps])
     swept = list(dict.fromkeys(a for s in sweeps for a in v.axes(s.spec) if a != "seed"))
     base = f"{v.API}/compare/metrics"
     csv = {"sweep": ids, "format": "csv"}
@@ -291,7 +291,7 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
     trial = store.get_trial(parse_id(trial_id, "trial"))
     sweep = store.get_sweep(trial.sweep_id)
     swept = v.axes(sweep.spec)
-    own = {k: trial.config.get(k) for k in swept}  # its point of the sweep: selects it alone
+    own = v.own_point(sweep.spec, trial.config)  # its point of the sweep: selects it alone
     recorded = recorded_layer_metrics(trial.config)
     plots = [
         {

@@ -18,7 +18,7 @@ from service.errors import InvalidInput
 from service.param_columns import FIELD as PARAMS
 from service.param_columns import canonical, param_of, spec_param_axes
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
-from service.plots.defaults import default_metric
+from service.plots.defaults import default_metric, default_metric_of, sweep_configs
 from service.plots.search import SEARCH_PARAMETERS, SEARCH_PLOT_KINDS
 from service.spec import SweepSpec, swept_fields_of, swept_values_of
 from service.status import TrialStatus, trials_finished
@@ -40,9 +40,10 @@ PLOT_OPTIONS = ("metric", "x", "group_by", "epoch", "layer", "stat", "yscale")
 
 
 def sweep_kinds(spec: Mapping[str, Any]) -> tuple[str, ...]:
-    """The kinds a sweep's page offers: every metric kind, the search kinds for a sampled search
-    (service/plots/search.py), halving_rungs for early stopping."""
-    kinds = list(PLOT_KINDS)
+    """The kinds a sweep's page offers: every metric kind (theory_overlay only where the theory
+    draws a gap the sweep's family records: overlay_metric), the search kinds for a sampled
+    search (service/plots/search.py), halving_rungs for early stopping."""
+    kinds = [k for k in PLOT_KINDS if k != "theory_overlay" or overlay_metric(spec) is not None]
     if spec.get("search"):
         kinds += [k for k in SEARCH_PLOT_KINDS if k != "halving_rungs"]
     if spec.get("early_stop"):
@@ -135,6 +136,20 @@ def filter_axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
             out |= spec_param_axes(spec)
         else:
             out[name] = values
+    return out
+
+
+def own_point(spec: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's values of the sweep's filter_axes, as the API's config filters take them (a
+    model_params axis as its `model_params.<name>` values, service.param_columns; booleans as
+    true/false): the filter that selects the trial's own point of the sweep."""
+    out: dict[str, Any] = {}
+    params = config.get(PARAMS) or {}
+    for name in filter_axes(spec):
+        key = param_of(name)
+        value = params.get(key) if key is not None else config.get(name)
+        if value is not None:
+            out[name] = text_of(value)
     return out
 
 
@@ -299,9 +314,28 @@ def default_plot(kind: str | None, swept: Mapping[str, list[Any]], spec: Mapping
         choice |= {"group_by": others[0]} if others else {}
     elif kind in ("layer_profile", "heatmap"):  # a heatmap's axes: default_axes, from the spec
         choice["metric"] = default_metric(kind, spec)
-    elif kind == "theory_overlay":
-        choice["metric"] = default_metric(kind, spec)  # the REST route's default too
+    elif kind == "theory_overlay" and (metric := overlay_metric(spec)) is not None:
+        choice["metric"] = metric  # the REST route's default where the overlay takes it
     return choice
+
+
+def overlay_metric(spec: Mapping[str, Any]) -> str | None:
+    """The gap a theory overlay of the sweep draws: one the mean-field theory predicts (the
+    Grams of service.plots.stored.STAGE_OF: isometry_gap/linear, norm, act — the only metrics
+    the route takes for this kind) that every shape of the sweep records. The route's default
+    (service.plots.defaults) where it is one of them; for a range gap (n > d) its gap; else the
+    first such gap recorded; None for a family the theory does not cover (a transformer, a
+    registered model), whose page then offers no overlay."""
+    from service.models import layer_metrics
+    from service.plots.stored import STAGE_OF
+
+    configs = sweep_configs(spec)
+    recorded = [set(layer_metrics(c)) for c in configs]
+    default = str(default_metric("theory_overlay", spec)).removeprefix("range_")
+    for m in (default, *STAGE_OF):
+        if m in STAGE_OF and all(m in r for r in recorded):
+            return m
+    return None
 
 
 def _is_number(v: Any) -> bool:
@@ -372,15 +406,39 @@ def compare_ids(query: Mapping[str, list[str]]) -> list[int]:
     return check_sweep_ids(ids)
 
 
-def compare_choice(query: Mapping[str, list[str]]) -> dict[str, Any]:
-    """The compare page's plot: kind (default depth_scaling) and the options given.
+def compare_default(specs: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The compare page's figure when none is asked for, one that applies to every compared
+    sweep: ‖∂L/∂W₁‖ against depth where each of them varies depth (a sweep of one depth has
+    no depth column to put on x); else the profile over layers of a gap every sweep's family
+    records (service.plots.defaults.default_metric_of, pooled over their shapes); else the
+    training curves (every family records the losses)."""
+    from service.models import layer_metrics
+
+    if all(len(axes(s).get("depth") or []) > 1 for s in specs):
+        return {"kind": "depth_scaling", "metric": default_metric_of("depth_scaling", specs),
+                "layer": 1}  # fmt: skip
+    gap = default_metric_of("layer_profile", specs)
+    configs = [c for s in specs for c in sweep_configs(s)]
+    if all(gap in layer_metrics(c) for c in configs):
+        return {"kind": "layer_profile", "metric": gap}
+    return {"kind": "training_curves"}
+
+
+def compare_choice(
+    query: Mapping[str, list[str]], specs: list[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The compare page's plot: the kind and options given, or compare_default(specs) when
+    neither a kind nor an option is given (a kind alone: its defaults are the route's).
 
     Raises:
         InvalidInput: an unknown kind or metric (named, with the allowed values).
     """
     from service.plots.compare import COMPARE_KINDS
 
-    kind = param(query, "kind") or "depth_scaling"
+    given = param(query, "kind")
+    if not given and not any(param(query, k) for k in COMPARE_OPTIONS):
+        return compare_default(list(specs or []))
+    kind = given or compare_default(list(specs or []))["kind"]
     if kind not in COMPARE_KINDS:
         raise InvalidInput(f"unknown value {kind!r}", field="kind", allowed=COMPARE_KINDS)
     choice: dict[str, Any] = {"kind": kind}
