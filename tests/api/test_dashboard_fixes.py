@@ -209,3 +209,23 @@ def test_a_registered_models_trial_csv_is_its_own_rows(api, with_wide_mlp):  # n
         stored = api.store.read_metrics(sweep_id)
         assert set(frame["trial_id"]) == {t["id"]}
         assert len(frame) == (stored["trial_id"] == t["id"]).sum() == 3 * (1 + 8 + 8)  # 3 metrics
+
+
+@pytest.mark.parametrize(
+    ("other", "kind", "metric"),
+    [
+        ("mlp", "training_curves", None),  # no gap both record: the losses
+        ("resmlp", "layer_profile", "isometry_gap%2Fresidual"),  # the stream's gap, both record
+    ],
+)
+def test_comparing_a_transformer_with_another_family_draws_what_both_record(
+    api, other, kind, metric
+):
+    a = submit(api, spec("tf", seeds=1, model="transformer", depth=3))
+    b = submit(api, spec(other, seeds=1, model=other, depth=3))
+    fill(api, a["id"])
+    fill(api, b["id"])
+    (src,) = figures(html_of(api, f"/compare?sweep={a['id']}&sweep={b['id']}"))
+    assert f"/compare/plots/{kind}?" in src and (metric is None or f"metric={metric}" in src)
+    r = get(api, src)
+    assert r.status_code == 200, (src, r.text)
