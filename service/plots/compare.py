@@ -9,13 +9,16 @@ in front: `sweep_id` and `sweep`, its label. The label is "sweep 3 (norm=batch)"
 the spec parameters fixed in every compared sweep whose values differ between them (a parameter
 a spec leaves out counts at TrialConfig's default). A parameter swept (a list or a distribution)
 in any of the sweeps is a column instead, each trial holding its own config's value, so the
-lines of one sweep stay apart as they do in its own plots (docs/api.md, "Comparing sweeps").
+lines of one sweep stay apart as they do in its own plots (docs/api.md, "Comparing sweeps"); a
+registered model's `model_params` becomes its JSON text and `model_params.<name>` columns, as the
+store's reads make them (service.param_columns.config_columns).
 
 The figures are the line kinds of service.plots (layer_profile, depth_scaling,
 training_curves) drawn from that frame with one line per sweep (`group_by` defaults to
 `sweep`; another group_by keeps the sweep in every line's label). Seeds are pooled and axes
 scaled by the same options (`stat`, `band`, `nonfinite`, `xscale`, `yscale`;
-service.plots.PLOT_OPTIONS) with the same field defaults.
+service.plots.PLOT_OPTIONS) with the same field defaults. A layer profile's default epoch (and
+`last`) is each sweep's own last recorded epoch.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ import pandas as pd
 
 from service.config import CONFIG_FIELDS, TrialConfig
 from service.errors import InvalidInput
+from service.param_columns import FIELD as PARAMS
+from service.param_columns import config_columns, param_of
 from service.plots import FORMATS, render
 from service.plots.defaults import default_metric_of
 from service.plots.select import check_choice, fmt_value
@@ -120,26 +125,21 @@ def compare_frame(
     ids = check_sweep_ids(sweep_ids)
     specs = {sid: store.get_sweep(sid).spec for sid in ids}
     labels = sweep_labels(specs)
-    columns = list(dict.fromkeys(f for sid in ids for f in swept_fields_of(specs[sid])))
+    fields = list(dict.fromkeys(f for sid in ids for f in swept_fields_of(specs[sid])))
     frames = []
     for sid in ids:
         frame = store.read_metrics(sid, metrics=metrics, epoch=epoch, layers=layers, where=where)
-        missing = [c for c in columns if c not in frame.columns]
-        if missing and not frame.empty:
-            configs = _trial_configs(store, sid, where)
-            ids_ = frame["trial_id"].to_numpy()
-            for c in missing:
-                frame[c] = pd.Series([configs[t].get(c) for t in ids_], index=frame.index)
-        elif missing:
-            for c in missing:
-                frame[c] = pd.Series([], dtype=object)
+        missing = [f for f in fields if f not in frame.columns]
+        if missing:  # fixed in this sweep, swept in another: each trial's own config's value
+            frame = _with_config_columns(frame, missing, store, sid, where)
         frame.insert(0, "sweep", labels[sid])
         frame.insert(0, "sweep_id", sid)
         frames.append(frame)
+    columns = _config_order(frames, fields)
     order = ["sweep_id", "sweep", "trial_id", *columns, "epoch", "metric", "layer", "value"]
-    nonempty = [f[order] for f in frames if not f.empty]
-    out = pd.concat(nonempty, ignore_index=True) if nonempty else frames[0][order].iloc[:0]
-    for c in columns:
+    nonempty = [f.reindex(columns=order) for f in frames if not f.empty]
+    out = pd.concat(nonempty, ignore_index=True) if nonempty else frames[0].reindex(columns=order)
+    for c in columns:  # a model parameter another sweep's model lacks is empty (None) there
         out[c] = out[c].infer_objects() if out[c].dtype == object else out[c]
     out["sweep"] = pd.Categorical(out["sweep"], categories=[labels[s] for s in ids], ordered=True)
     out["sweep_id"] = out["sweep_id"].astype("int64")
@@ -148,6 +148,35 @@ def compare_frame(
 
         return aggregate_over_seeds(out)
     return out
+
+
+def _with_config_columns(
+    frame: pd.DataFrame,
+    fields: list[str],
+    store: Store,
+    sweep_id: int,
+    where: dict[str, Any] | None,
+) -> pd.DataFrame:
+    """The frame with the config columns of `fields` added from each trial's config, as the
+    store's reads make them (service.param_columns.config_columns: `model_params` as canonical
+    JSON text and one `model_params.<name>` column per parameter)."""
+    configs = _trial_configs(store, sweep_id, where) if not frame.empty else {}
+    trial_ids = list(dict.fromkeys(frame["trial_id"].tolist()))
+    per_field = config_columns(fields, [[configs[t].get(f) for f in fields] for t in trial_ids])
+    added = {}
+    for c, column in per_field.items():
+        per_trial = pd.Series(column, index=trial_ids, dtype=object).infer_objects()
+        added[c] = per_trial.reindex(frame["trial_id"].to_numpy()).to_numpy()
+    return frame.assign(**added) if added else frame
+
+
+def _config_order(frames: list[pd.DataFrame], fields: list[str]) -> list[str]:
+    """Every frame's config columns, once, in the order of the swept `fields` (a model
+    parameter's column right after `model_params`, in the order first seen)."""
+    position = ("sweep_id", "sweep", "trial_id", "epoch", "metric", "layer", "value")
+    seen = dict.fromkeys(c for f in frames for c in f.columns if c not in position)
+    rank = {f: i for i, f in enumerate(fields)}
+    return sorted(seen, key=lambda c: rank.get(PARAMS if param_of(c) else c, len(rank)))
 
 
 def _trial_configs(store: Store, sweep_id: int, where: dict[str, Any] | None) -> dict[int, dict]:
@@ -215,7 +244,8 @@ def make_compare_plot(
 
     Args:
         metric: None = the kind's default (compare_metric); several for training_curves.
-        epoch: a recorded epoch, "last" (the latest recorded) or None (the kind's default).
+        epoch: a recorded epoch, "last" (the latest recorded) or None (the kind's default);
+            a layer_profile's default and "last" are each sweep's own last recorded epoch.
         where: config filters, applied to every sweep.
         stat, band, nonfinite, xscale, yscale: as service.plots.render.
 
@@ -232,20 +262,32 @@ def make_compare_plot(
     metrics = [metric] if isinstance(metric, str) else list(metric)
     group_by = group_by or "sweep"
     depths = compare_depths(store, ids)
+    # A layer profile's default (and `last`) is each sweep's own last recorded epoch: sweeps
+    # trained for different numbers of epochs are each drawn where they end.
+    own_last = kind == "layer_profile" and epoch in (None, "last") and group_by != "epoch"
     frame = compare_frame(
         store,
         ids,
         metrics=metrics,
-        epoch=epochs_to_read(kind, epoch, x, group_by),
+        epoch="last" if own_last else epochs_to_read(kind, epoch, x, group_by),
         layers=layers_to_read(kind, layer, x, group_by, depths),
         where=where,
-    ).drop(columns="sweep_id")
+    )
     at = epoch
-    if epoch == "last":
+    ends = ""
+    if own_last and not frame.empty:
+        last = frame.groupby("sweep_id", observed=True)["epoch"].transform("max")
+        if last.nunique() > 1:  # a line per (epoch, sweep, what varies within it)
+            frame = frame[frame["epoch"] == last]
+            group_by, at, ends = "epoch", None, ", each at its last epoch"
+        else:  # one last epoch: trials that ended earlier are noted, as in a sweep's own plot
+            at = int(last.iloc[0])
+    elif epoch == "last":
         at = int(frame["epoch"].max()) if not frame.empty else None
+    frame = frame.drop(columns="sweep_id")
     shown = metrics if len(metrics) > 1 else metrics[0]
     title = TITLES[kind].format(metric=", ".join(metrics), x=x or "depth")
-    title += ": sweeps " + ", ".join(str(s) for s in ids)
+    title += ": sweeps " + ", ".join(str(s) for s in ids) + ends
     return render(
         kind, frame, metric=shown, fmt=fmt, x=x, group_by=group_by, epoch=at,  # type: ignore[arg-type]
         layer=layer, title=title, stat=stat, band=band, nonfinite=nonfinite, xscale=xscale,
