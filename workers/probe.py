@@ -39,6 +39,7 @@ from service.errors import InvalidInput
 from workers.metrics import _measure, _Member
 from workers.models.base import Taps
 from workers.models.module_structure import ModuleGraph
+from workers.models.registered import capture, tap_structures
 from workers.structure import Structure
 from workers.token_metrics import token_metrics
 
@@ -203,18 +204,12 @@ class _ModuleNet:
     def structures(self, p: dict[str, Tensor], x: Tensor, taps: Taps, fit: Any) -> dict:
         """As a registered model's (RegisteredNet.structures): traced where tracing followed
         the tap, else unknown with rank ≤ min(n, features); refined by zero rows/columns."""
-        n = x.shape[0]
         traced: dict[str, Structure] = {}
         if self.graph is not None:
             graph, prefix, flat = self.graph
             got = graph.structures({f"{prefix}{k}": v for k, v in p.items()}, flat(x))
             traced = {t: got[f"{prefix}{t}"] for t in self.tap_names if f"{prefix}{t}" in got}
-        out = []
-        for name, h in zip(self.tap_names, taps.layers["output"], strict=True):
-            f = h[0].numel()
-            s = traced.get(name, Structure(False, min(n, f), known=False))
-            out.append(fit(Structure(s.ones_in_null, min(s.rank, n, f), s.known), h))
-        return {"output": out}
+        return {"output": tap_structures(self.tap_names, traced, taps.layers["output"], fit)}
 
 
 class _Flat(torch.nn.Module):
@@ -271,7 +266,8 @@ def _forward(
     try:
         for t in names:
             sub = module.get_submodule(t)
-            handles.append(sub.register_forward_hook(_capture(captured[t], t)))
+            hook = capture(captured[t], f"probe: the tapped submodule {t!r}", "taps")
+            handles.append(sub.register_forward_hook(hook))
             if isinstance(sub, torch.nn.MultiheadAttention):
                 handles.append(sub.register_forward_pre_hook(_attention_inputs, with_kwargs=True))
         with torch.enable_grad():
@@ -334,20 +330,6 @@ def _attention_entropy(module: torch.nn.Module, names: list[str]) -> dict[str, n
         ent = -torch.where(a > 0, a * torch.log(a), 0.0).sum(dim=-1)  # (n, heads, T)
         out[i, : m.num_heads] = ent.mean(dim=(0, 2)).cpu().numpy()
     return {"attention_entropy": out}
-
-
-def _capture(into: list[Tensor], name: str) -> Any:
-    def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        t = output[0] if isinstance(output, tuple | list) and output else output
-        if not isinstance(t, Tensor):
-            raise InvalidInput(
-                f"probe: the tapped submodule {name!r} ({type(module).__name__}) returned "
-                f"{type(output).__name__}, not a tensor",
-                field="taps",
-            )
-        into.append(t.clone())  # a later in-place operation cannot change it
-
-    return hook
 
 
 def _gradients(

@@ -42,6 +42,7 @@ does not give (n, n_classes) logits.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -253,7 +254,7 @@ class RegisteredNet:
         handles = []
         if taps:
             for name in self.tap_names:
-                hook = _capture(captured[name])
+                hook = capture(captured[name], "a tapped submodule", "model")
                 handles.append(module.get_submodule(name).register_forward_hook(hook))
         try:
             out = torch.func.functional_call(module, {**p, **buffers}, (x,))
@@ -295,14 +296,8 @@ class RegisteredNet:
         """Each tap's Structure as the module's layers force it (`ModuleGraph`, for p's
         values: a zero bias counts as none); a tap tracing could not follow: unknown, rank
         only min(n, features). Either refined by the tap's zero rows and columns."""
-        n = x.shape[0]
         traced = self._graph.structures(p, x)
-        out = []
-        for name, h in zip(self.tap_names, taps.layers["output"], strict=True):
-            f = h[0].numel()
-            s = traced.get(name, Structure(False, min(n, f), known=False))
-            out.append(fit(Structure(s.ones_in_null, min(s.rank, n, f), s.known), h))
-        return {"output": out}
+        return {"output": tap_structures(self.tap_names, traced, taps.layers["output"], fit)}
 
     def structure_known(self) -> list[bool]:
         """Per tap, whether tracing followed it (its structure is derived, not unknown)."""
@@ -312,14 +307,30 @@ class RegisteredNet:
         return [list(ws) for ws in self._layer_weights]
 
 
-def _capture(into: list[Tensor]) -> Any:
+def tap_structures(
+    names: Sequence[str], traced: Mapping[str, Structure], outputs: Sequence[Tensor], fit: Fit
+) -> list[Structure]:
+    """Each tap's Structure: as tracing derived it (`traced`, by tap name), else unknown with
+    rank only min(n, features); either refined by the tap's zero rows and columns (`fit`)."""
+    out = []
+    for name, h in zip(names, outputs, strict=True):
+        n, f = h.shape[0], h[0].numel()
+        s = traced.get(name, Structure(False, min(n, f), known=False))
+        out.append(fit(Structure(s.ones_in_null, min(s.rank, n, f), s.known), h))
+    return out
+
+
+def capture(into: list[Tensor], what: str, field: str) -> Any:
+    """A forward hook that appends a copy of the module's output (its first, for a tuple) to
+    `into` (a later in-place operation cannot change it); a non-tensor output is InvalidInput
+    naming `what` (the tap) and `field`."""
+
     def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
         t = output[0] if isinstance(output, tuple | list) and output else output
         if not isinstance(t, Tensor):
             raise InvalidInput(
-                f"a tapped submodule ({type(module).__name__}) returned "
-                f"{type(output).__name__}, not a tensor",
-                field="model",
+                f"{what} ({type(module).__name__}) returned {type(output).__name__}, not a tensor",
+                field=field,
             )
         into.append(t.clone())
 
