@@ -83,6 +83,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (503, "the database is unreachable"),
     )
 }
+# A route with a JSON body: a body that does not parse is a 400 (FastAPI's own answer, in the
+# API's error shape).
+JSON_BODY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorPublic, "description": "the body is not JSON"},
+}
 WRITE_RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERROR_RESPONSES,
     401: {"model": ErrorPublic, "description": "a token is configured and this one is wrong"},

@@ -19,21 +19,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.errors import WRITE_RESPONSES
+from api.errors import JSON_BODY_RESPONSES, WRITE_RESPONSES
 from api.routes.deps import INT32_MAX, StoreDep, SweepId, TrialId
 from api.routes.sweeps import sweep_public, trial_public
-from api.schemas import ErrorPublic, SweepPublic, TrialPublic
+from api.schemas import SweepPublic, TrialPublic
 from service.errors import InvalidInput
 from service.jsonfmt import NONFINITE, to_jsonable
 from service.store import external
 
 router = APIRouter(tags=["external"])
 
-# A JSON body that does not parse is a 400 (FastAPI's own answer, in the API's error shape).
-RESPONSES = {
-    **WRITE_RESPONSES,
-    400: {"model": ErrorPublic, "description": "the body is not JSON"},
-}
+RESPONSES = {**WRITE_RESPONSES, **JSON_BODY_RESPONSES}
 
 Name = Annotated[str, Field(min_length=1, max_length=external.MAX_NAME)]
 

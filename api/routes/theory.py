@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.errors import ERROR_RESPONSES
+from api.errors import ERROR_RESPONSES, JSON_BODY_RESPONSES
 from api.schemas import ActivationPublic, ActivationsPublic, Real
 from service import theory
 from service.activations import ACTIVATION_NAMES
@@ -90,7 +90,11 @@ class PredictPublic(BaseModel):
     notes: dict[str, Any]
 
 
-@router.post("/theory/predict", response_model=PredictPublic, responses=ERROR_RESPONSES)
+@router.post(
+    "/theory/predict",
+    response_model=PredictPublic,
+    responses={**ERROR_RESPONSES, **JSON_BODY_RESPONSES},
+)
 def predict_trial(body: PredictRequest) -> PredictPublic:
     """The mean-field prediction of a trial's epoch-0 record: rms, mean_cosine, the isometry gaps
     of every tap and grad_norm (relative to the last block's), for mlp and resmlp."""
