@@ -716,7 +716,7 @@ def _stored_values(text: str) -> dict[str, list[Any] | None]:
 def swept_values_of(spec: Mapping[str, Any]) -> dict[str, list[Any] | None]:
     """`swept_values` of a stored spec (its JSON dump, validated when it was stored), without
     validating it again; cached per spec."""
-    return dict(_stored_values(json.dumps(spec, sort_keys=True)))
+    return dict(_stored_values(json.dumps(spec)))  # (key order kept: it is the axes order)
 
 
 def swept_fields_of(spec: Mapping[str, Any], *, parameters_only: bool = False) -> list[str]:
