@@ -595,23 +595,6 @@ EXPERIMENTS = [
         desmith_numbers,
     ),
     Experiment(
-        "resnet-scaled-depth",
-        ROOT / "examples" / "resnet-scaled-depth.yaml",
-        [
-            Figure(
-                "resnet-scaled-grad-depth.png",
-                "depth_scaling",
-                dict(metric="grad_norm", layer=1, group_by="activation", band="std"),
-            ),
-            Figure(
-                "resnet-scaled-rms-profile.png",
-                "layer_profile",
-                dict(metric="rms", group_by="activation", where={"depth": 64}, band="std"),
-            ),
-        ],
-        scaled_resnet_numbers,
-    ),
-    Experiment(
         "xiao-delta-orthogonal",
         ROOT / "examples" / "xiao-delta-orthogonal.yaml",
         [
@@ -672,6 +655,23 @@ EXPERIMENTS = [
             ),
         ],
         dong_numbers,
+    ),
+    Experiment(
+        "resnet-scaled-depth",
+        ROOT / "examples" / "resnet-scaled-depth.yaml",
+        [
+            Figure(
+                "resnet-scaled-grad-depth.png",
+                "depth_scaling",
+                dict(metric="grad_norm", layer=1, group_by="activation", band="std"),
+            ),
+            Figure(
+                "resnet-scaled-rms-profile.png",
+                "layer_profile",
+                dict(metric="rms", group_by="activation", where={"depth": 64}, band="std"),
+            ),
+        ],
+        scaled_resnet_numbers,
     ),
 ]
 

@@ -27,6 +27,7 @@ REPRODUCTIONS = (
     "de-smith-residual-depth",
     "xiao-delta-orthogonal",
     "dong-rank-collapse",
+    "resnet-scaled-depth",
 )
 OFFLINE = {"digits", "gaussian"}  # datasets that need no download
 # "# FULL SCALE: change the one field `dataset` to `dataset: cifar10` …"
