@@ -70,7 +70,8 @@ def stored_columns(store, sweep_id):
 
 
 def test_bulk_insert_stores_every_column_of_the_expansion_in_order(store):
-    spec = spec_of("cols", 3, depth=[2, 3], lr=[0.01, 0.1])
+    # init_gain acts at epoch 0 (lr would not: it is reset there, docs/api.md)
+    spec = spec_of("cols", 3, depth=[2, 3], init_gain=[1.0, 2.0])
     info = store.create_sweep(spec)
     rows = stored_columns(store, info.id)
     configs = expand(spec)
@@ -79,7 +80,7 @@ def test_bulk_insert_stores_every_column_of_the_expansion_in_order(store):
     for r, c in zip(rows, configs, strict=True):
         assert r["config"] == c.to_dict() and r["hash"] == config_hash(c)
         assert {f: r[f] for f in CONFIG_FIELDS} == {f: getattr(c, f) for f in CONFIG_FIELDS}
-    trials, total = store.list_trials(info.id, where={"depth": 3, "lr": 0.1})
+    trials, total = store.list_trials(info.id, where={"depth": 3, "init_gain": 2.0})
     assert total == 3 and {t.config["seed"] for t in trials} == {0, 1, 2}
     t = store.get_trial(rows[0]["id"])
     assert (t.status, t.attempts, t.records_done, t.records_total, t.summary) == (
@@ -234,7 +235,7 @@ def test_a_100k_sweep_starts_takes_turns_and_cancels(tmp_path, ray_local, monkey
         thread.start()
         try:
             wait_for(lambda: store.get_sweep(big.id).counts["completed"] >= 2, "big's trials")
-            small = store.create_sweep(spec_of("small", 2, lr=0.05))  # nothing to reuse
+            small = store.create_sweep(spec_of("small", 2, init_gain=1.7))  # nothing to reuse
             wait_for(lambda: store.get_sweep(small.id).status == "completed", "the small sweep")
             during = store.get_sweep(big.id)
             assert 2 <= during.counts["completed"] < BIG  # it ran behind a sweep far from done
