@@ -423,11 +423,11 @@ def make_search_plot(
             not take; a sweep the kind cannot read (no parameter, too few completed trials, no
             early_stop for halving_rungs), naming why.
     """
-    fig = build_search_figure(store, sweep_id, kind, metric=metric, mode=mode, epoch=epoch,
-                              layer=layer, yscale=yscale, where=where)  # fmt: skip
     from service.plots.draw import to_bytes
 
-    check_choice(fmt, ("png", "svg"), "format")
+    check_choice(fmt, ("png", "svg"), "format")  # before the figure is drawn, not after
+    fig = build_search_figure(store, sweep_id, kind, metric=metric, mode=mode, epoch=epoch,
+                              layer=layer, yscale=yscale, where=where)  # fmt: skip
     return to_bytes(fig, fmt)
 
 

@@ -100,10 +100,16 @@ def make_plot(
     where = dict(where or {})
     if trial_id is not None:
         where = _one_trial(store, sweep_id, trial_id, where)
-    elif x is None and group_by is None and kind in ("heatmap", "theory_overlay"):
-        chosen, held = default_axes(kind, store.get_sweep(sweep_id).spec, metrics[0], where=where)
+    spec = store.get_sweep(sweep_id).spec  # read once: defaults, depths, tied fields
+    if (
+        trial_id is None
+        and x is None
+        and group_by is None
+        and kind in ("heatmap", "theory_overlay")
+    ):
+        chosen, held = default_axes(kind, spec, metrics[0], where=where)
         x, group_by, where = chosen.get("x"), chosen.get("group_by"), {**held, **where}
-    depths = _sweep_depths(store, sweep_id) if draws_one_layer(kind, x, group_by) else []
+    depths = _sweep_depths(spec) if draws_one_layer(kind, x, group_by) else []
     frame = store.read_metrics(
         sweep_id,
         metrics=metrics,
@@ -112,7 +118,7 @@ def make_plot(
         where=where,
     )
     # a derived or linked field follows the fields it is tied to: it draws no line of its own
-    tied = determined_fields(store.get_sweep(sweep_id).spec, keep=(x, group_by))
+    tied = determined_fields(spec, keep=(x, group_by))
     frame = frame.drop(columns=[c for c in tied if c in frame.columns])
     at = _plot_epoch(frame, epoch)
     theory = title = None
@@ -189,10 +195,9 @@ def layers_to_read(
     return sorted(ell for ell in wanted | ds if ell >= 1)
 
 
-def _sweep_depths(store: Store, sweep_id: int) -> list[int]:
-    """Every depth of the sweep, from its stored spec (an axis, linked, derived or fixed); none
+def _sweep_depths(spec: dict[str, Any]) -> list[int]:
+    """Every depth of a sweep, from its stored spec (an axis, linked, derived or fixed); none
     for a sampled depth (layers_to_read then reads every layer)."""
-    spec = store.get_sweep(sweep_id).spec
     swept = swept_values_of(spec).get("depth")  # an axis, a linked axis or a derived depth
     if swept:
         return [int(d) for d in swept]
