@@ -4,14 +4,12 @@ rows — per member, as per trial unpacked (docs/architecture.md, "Packed trials
 
 from __future__ import annotations
 
-import signal
-
 import numpy as np
 import pytest
-from expected_rows import expected_keys, row_keys
+from expected_rows import row_keys
+from resume_support import assert_resumed_exactly, kill_and_resume
 from support import TINY
 from test_packed import EPOCH0_RTOL, METRIC_RTOL
-from test_runner import kill_session, session_pids, start_runner, wait_until
 
 from service.config import SCALAR_METRICS, TrialConfig
 from service.models import layer_metrics
@@ -117,47 +115,15 @@ def test_a_cancel_stops_every_member_of_a_pack(database_url, ray_local):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_killed_runner_resumes_a_packed_sweep_with_exactly_the_expected_rows(tmp_path):
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    store = Store(url)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     body = spec("crash-pack", {"depth": 3, "epochs": 8}, seeds=12, pack=4)  # 3 packs of 4
     sweep = store.create_sweep(parse_spec(body))
-    first = start_runner(url, tmp_path / "first.log")
 
     def a_pack_done_not_all():
         trials, _ = store.list_trials(sweep.id)
         done = sum(t.status == "completed" for t in trials)
         return 4 <= done < len(trials)
 
-    try:
-        wait_until(a_pack_done_not_all, 300, "a pack to complete", proc=first)
-    finally:
-        kill_session(first)
-    assert session_pids(first.pid) == []
-    before = {t.id: t for t in store.list_trials(sweep.id)[0]}
-    completed = {i for i, t in before.items() if t.status == "completed"}
-
-    second = start_runner(url, tmp_path / "second.log")
-    try:
-        wait_until(
-            lambda: store.get_sweep(sweep.id).status == "completed", 300, "the resume", second
-        )
-    finally:
-        second.send_signal(signal.SIGTERM)
-        try:
-            code = second.wait(60)
-        finally:
-            kill_session(second)
-    assert code == 0, (tmp_path / "second.log").read_text()[-3000:]
-    after = {t.id: t for t in store.list_trials(sweep.id)[0]}
-    assert {t.status for t in after.values()} == {"completed"}
-    for i in completed:  # not run again
-        b, a = before[i], after[i]
-        assert (a.attempts, a.started_at, a.finished_at) == (
-            b.attempts,
-            b.started_at,
-            b.finished_at,
-        )
-    keys = row_keys(store.read_metrics(sweep.id))
-    assert len(keys) == len(set(keys))
-    assert set(keys) == expected_keys(after.values())
+    resumed = kill_and_resume(store, sweep.id, tmp_path, a_pack_done_not_all, "a pack to complete")
+    assert_resumed_exactly(store, sweep.id, resumed)
     store.close()

@@ -4,9 +4,7 @@ CLI driven as a user runs it."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -14,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from expected_rows import expected_keys, row_keys
-from support import TINY, isosweep_command, session_pids
+from resume_support import assert_resumed_exactly, kill_and_resume, wait_until
+from support import TINY, isosweep_command
 
 from service.spec import parse_spec
 from service.store import Store
@@ -28,16 +27,6 @@ def isosweep(*args, timeout=300):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [*isosweep_command(), *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
-
-
-def wait_until(condition, timeout_s, what, proc=None):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"the runner exited ({proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 # --- the CLI --------------------------------------------------------------------------------------
@@ -189,79 +178,26 @@ def test_a_stopped_runner_releases_the_sweep_to_the_next_one(sqlite_url, ray_loc
 # --- a runner killed outright ------------------------------------------------------------------
 
 
-def kill_session(proc: subprocess.Popen) -> None:
-    """SIGKILL the runner and every process of its session, until none is left."""
-    deadline = time.monotonic() + 30
-    while pids := session_pids(proc.pid):
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):  # it died meanwhile
-                os.kill(pid, signal.SIGKILL)
-        if time.monotonic() > deadline:
-            pytest.fail(f"processes {pids} of the runner's session survive SIGKILL")
-        time.sleep(0.2)
-    proc.wait()
-
-
-def start_runner(url: str, log: Path) -> subprocess.Popen:
-    cmd = [*isosweep_command(), "runner", "--database-url", url]
-    cmd += ["--lease-s", "3", "--poll-s", "0.5", "--num-cpus", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with log.open("w") as f:
-        return subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_runner_killed_mid_sweep_is_resumed_without_rerunning_or_duplicating(tmp_path):
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    store = Store(url)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     sweep = submit(store, "crash", epochs=8, seeds=8, depth=3)  # 8 trials of 9 records each
-    first = start_runner(url, tmp_path / "first.log")
 
     def some_but_not_all():
         trials, _ = store.list_trials(sweep.id)
         done = sum(t.status == "completed" for t in trials)
         return done >= 2 and done < len(trials) - 1
 
-    try:
-        wait_until(some_but_not_all, 300, "some trials to complete", proc=first)
-    finally:
-        kill_session(first)
-    assert session_pids(first.pid) == []
-    before = {t.id: t for t in store.list_trials(sweep.id)[0]}
-    completed = {i for i, t in before.items() if t.status == "completed"}
-    assert 2 <= len(completed) < len(before) - 1
-
-    second = start_runner(url, tmp_path / "second.log")
-    try:
-        wait_until(
-            lambda: store.get_sweep(sweep.id).status == "completed", 300, "the resume", second
-        )
-    finally:
-        second.send_signal(signal.SIGTERM)
-        try:
-            code = second.wait(60)
-        finally:
-            kill_session(second)
-    assert code == 0, (tmp_path / "second.log").read_text()[-3000:]
-
-    after = {t.id: t for t in store.list_trials(sweep.id)[0]}
-    assert {t.status for t in after.values()} == {"completed"}
-    for i in completed:  # not run again: same attempt, same start and end
-        b, a = before[i], after[i]
-        assert (a.attempts, a.started_at, a.finished_at) == (
-            b.attempts,
-            b.started_at,
-            b.finished_at,
-        )
+    resumed = kill_and_resume(
+        store, sweep.id, tmp_path, some_but_not_all, "some trials to complete"
+    )
+    before, after = resumed.before, resumed.after
+    assert 2 <= len(resumed.completed) < len(before) - 1
+    assert_resumed_exactly(store, sweep.id, resumed)  # same attempt, same start and end
     for i, b in before.items():
         if b.status == "running":  # interrupted by the kill: run again from the start
             assert after[i].attempts == b.attempts + 1
-    keys = row_keys(store.read_metrics(sweep.id))
-    assert len(keys) == len(set(keys))  # no row twice
-    assert set(keys) == expected_keys(after.values())  # none missing, none extra
     store.close()
 
 

@@ -5,12 +5,10 @@ trials alone), and a TPE search killed mid-run resumes from the stored trials (d
 
 from __future__ import annotations
 
-import signal
-
 import pytest
-from expected_rows import expected_keys, row_keys
+from expected_rows import row_keys
+from resume_support import assert_resumed_exactly, kill_and_resume
 from support import TINY
-from test_runner import kill_session, session_pids, start_runner, wait_until
 
 from service.search.halving import Halving
 from service.spec import parse_spec
@@ -97,8 +95,7 @@ def test_halving_stops_trials_alone_as_the_rule_says(sqlite_url, ray_local):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_tpe_search_killed_mid_run_resumes_from_the_stored_trials(tmp_path):
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    store = Store(url)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     n = 8
     spec = {
         "name": "tpe-resume",
@@ -107,47 +104,22 @@ def test_tpe_search_killed_mid_run_resumes_from_the_stored_trials(tmp_path):
     }
     sweep = store.create_sweep(parse_spec(spec))
     assert sweep.n_trials == n and sweep.counts["queued"] == n
-    first = start_runner(url, tmp_path / "first.log")
 
     def some_but_not_all():
         trials, _ = store.list_trials(sweep.id)
         done = sum(t.status == "completed" for t in trials)
         return 2 <= done < n - 1
 
-    try:
-        wait_until(some_but_not_all, 300, "some trials to complete", proc=first)
-    finally:
-        kill_session(first)
-    assert session_pids(first.pid) == []
-    before = {t.id: t for t in store.list_trials(sweep.id)[0]}
-    completed = {i for i, t in before.items() if t.status == "completed"}
-    assert len(before) < n or len(completed) < n
-
-    second = start_runner(url, tmp_path / "second.log")
-    try:
-        wait_until(
-            lambda: store.get_sweep(sweep.id).status == "completed", 300, "the resume", second
-        )
-    finally:
-        second.send_signal(signal.SIGTERM)
-        try:
-            code = second.wait(60)
-        finally:
-            kill_session(second)
-    log = (tmp_path / "second.log").read_text()
-    assert code == 0, log[-3000:]
+    resumed = kill_and_resume(
+        store, sweep.id, tmp_path, some_but_not_all, "some trials to complete"
+    )
+    before, after = resumed.before, resumed.after
+    assert len(before) < n or len(resumed.completed) < n
+    log = resumed.log
     assert f"search rebuilt from {len(before)} stored trials" in log, log[-3000:]
-    after = {t.id: t for t in store.list_trials(sweep.id)[0]}
     assert len(after) == n  # no trial lost, none asked twice
     assert sorted(t.index for t in after.values()) == list(range(n))
-    assert {t.status for t in after.values()} == {"completed"}
-    for i in completed:  # the told trials were not run again
-        assert (after[i].attempts, after[i].finished_at) == (
-            before[i].attempts,
-            before[i].finished_at,
-        )
+    # the told trials were not run again
+    assert_resumed_exactly(store, sweep.id, resumed, same=("attempts", "finished_at"))
     assert all(1e-3 <= t.config["lr"] <= 0.5 for t in after.values())
-    keys = row_keys(store.read_metrics(sweep.id))
-    assert len(keys) == len(set(keys))
-    assert set(keys) == expected_keys(after.values())
     store.close()
