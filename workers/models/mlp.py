@@ -14,8 +14,47 @@ from workers import nn
 from workers.models.base import Fit, Mode, Params, State, Taps
 
 
+class SpecBlocks:
+    """The shapes and choices of a family whose blocks are the MLP's, read from `self.spec`
+    (the nn.Spec of those blocks): MLPNet and ResMLPNet share them."""
+
+    spec: nn.Spec
+    head_weight = "W_head"
+
+    @property
+    def depth(self) -> int:
+        return self.spec.depth
+
+    @property
+    def width(self) -> int:
+        return self.spec.width
+
+    @property
+    def norm(self) -> str:
+        return self.spec.norm
+
+    @property
+    def n_classes(self) -> int:
+        return self.spec.n_classes
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.spec.dtype
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """A block's taps: nn.block's z, norm output (not with norm "none") and σ's."""
+        return ("linear", "act") if self.spec.norm == "none" else ("linear", "norm", "act")
+
+    def init_state(self) -> State:
+        return nn.init_state(self.spec)
+
+    def layer_weights(self) -> list[list[str]]:
+        return [[f"W{ell}"] for ell in range(1, self.depth + 1)]
+
+
 @dataclass(frozen=True)
-class MLPNet:
+class MLPNet(SpecBlocks):
     config: TrialConfig
     spec: nn.Spec = field(init=False)
 
@@ -32,33 +71,12 @@ class MLPNet:
         object.__setattr__(net, "config", None)
         return net
 
-    head_weight = "W_head"
-
-    @property
-    def depth(self) -> int:
-        return self.spec.depth
-
     @property
     def d_in(self) -> int:
         return self.spec.d_in
 
-    @property
-    def n_classes(self) -> int:
-        return self.spec.n_classes
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.spec.dtype
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return ("linear", "act") if self.spec.norm == "none" else ("linear", "norm", "act")
-
     def init_params(self, generator: torch.Generator) -> Params:
         return nn.init_params_of(self.spec, self.config, generator)
-
-    def init_state(self) -> State:
-        return nn.init_state(self.spec)
 
     def forward(
         self, p: Params, s: State, x: Tensor, mode: Mode, *, taps: bool = False
@@ -79,6 +97,3 @@ class MLPNet:
         forced = structures(self.spec, p, x, list(zip(z, n, a, strict=True)), fit)
         slot = {"linear": 0, "norm": 1, "act": 2}
         return {k: [f[slot[k]] for f in forced] for k in self.kinds}
-
-    def layer_weights(self) -> list[list[str]]:
-        return [[f"W{ell}"] for ell in range(1, self.depth + 1)]

@@ -37,6 +37,7 @@ from torch import Tensor
 from service.config import DATASET_SHAPES, TrialConfig
 from workers import nn
 from workers.models.base import Fit, Mode, Params, State, Taps
+from workers.models.mlp import SpecBlocks
 
 # Norms that act on each feature (column) alone by an affine map, over the batch: with σ the
 # identity the branch is then x ↦ x·M + 1vᵀ — a right-multiplication of its input (whatever M
@@ -50,7 +51,7 @@ def _nonzero(t: Tensor | None) -> bool:
 
 
 @dataclass(frozen=True)
-class ResMLPNet:
+class ResMLPNet(SpecBlocks):
     config: TrialConfig
     # the L width → width blocks (its d_in is the width; the network's own is `d_in`)
     spec: nn.Spec = field(init=False)
@@ -61,29 +62,13 @@ class ResMLPNet:
         object.__setattr__(self, "d_in", DATASET_SHAPES[self.config.dataset][0])
         object.__setattr__(self, "spec", dataclasses.replace(spec, d_in=spec.width))
 
-    head_weight = "W_head"
-
-    @property
-    def depth(self) -> int:
-        return self.spec.depth
-
-    @property
-    def n_classes(self) -> int:
-        return self.spec.n_classes
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.spec.dtype
-
     @property
     def scale(self) -> float:
         return self.config.residual_scale
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        if self.spec.norm == "none":
-            return ("linear", "act", "residual")
-        return ("linear", "norm", "act", "residual")
+        return (*super().kinds, "residual")
 
     def init_params(self, generator: torch.Generator) -> Params:
         c, dt, d = self.config, self.spec.dtype, self.spec.width
@@ -117,9 +102,6 @@ class ResMLPNet:
                 p[f"b{ell}"] = nn.torch_bias(d, d, generator, dt)
             p["b_head"] = nn.torch_bias(self.n_classes, d, generator, dt)
         return p
-
-    def init_state(self) -> State:
-        return nn.init_state(self.spec)
 
     def _add(self, x: Tensor, f: Tensor) -> Tensor:
         c = self.scale
@@ -202,6 +184,3 @@ class ResMLPNet:
             for k, v in zip(out, (z, nrm, a, s), strict=True):
                 out[k].append(v)
         return {k: out[k] for k in self.kinds}
-
-    def layer_weights(self) -> list[list[str]]:
-        return [[f"W{ell}"] for ell in range(1, self.depth + 1)]
