@@ -51,13 +51,6 @@ def as_net(net: Net | nn.Spec) -> Net:
     return net
 
 
-def _width_and_norm(net: Net) -> tuple[int, str]:
-    spec = getattr(net, "spec", None)  # MLPNet.of_spec has no config
-    if isinstance(spec, nn.Spec):
-        return spec.width, spec.norm
-    return net.config.width, net.config.norm
-
-
 def last_block_output(net: Net | nn.Spec, params: nn.Params, state: nn.State, X: Tensor) -> Tensor:
     """h_L(X): the last block's output (n, d) — for the MLP the activation for order norm_act,
     the norm output for act_norm; for resmlp the residual stream — with normalization on X's own
@@ -73,9 +66,8 @@ def _promoted(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def _chunk(net: Net, n: int) -> int:
     """Vector–Jacobian products per chunk: each carries (n, max(d, d_in)) float64 cotangents."""
-    width = _width_and_norm(net)[0]
-    per_product = n * max(width, net.d_in)
-    return max(1, min(width, MAX_CHUNK_ENTRIES // per_product))
+    per_product = n * max(net.width, net.d_in)
+    return max(1, min(net.width, MAX_CHUNK_ENTRIES // per_product))
 
 
 def input_output_jacobian(
@@ -91,7 +83,7 @@ def input_output_jacobian(
     """
     net = as_net(net)
     p, s, X = _promoted(params), _promoted(state), X.detach().to(F64)
-    coupled = _width_and_norm(net)[1] in BATCH_NORMS
+    coupled = net.norm in BATCH_NORMS
 
     def output_of(xi: Tensor) -> Tensor:  # (d_in,) → (d,)
         if not coupled:
@@ -121,7 +113,7 @@ def jacobian_singular_values(
             field="jacobian_samples",
         )
     net = as_net(net)
-    m = min(_width_and_norm(net)[0], net.d_in)
+    m = min(net.width, net.d_in)
     out = np.full((k, m), math.nan)
     for i in range(k):
         J = input_output_jacobian(net, params, state, X, i)

@@ -180,6 +180,36 @@ def test_batch_norm_jacobian_differs_from_frozen_statistics():
     assert (J - torch.diag(torch.diagonal(J))).abs().max() < 1e-12  # features stay separate
 
 
+def test_every_family_says_the_width_and_norm_the_jacobian_reads():
+    """The Net protocol's `width` and `norm` (workers/models/base.py): a Net built from a config
+    and an nn.Spec wrapped by hand say them alike, so the Jacobian has no special case."""
+    from workers.models import build
+
+    for model in ("mlp", "resmlp", "cnn", "transformer"):
+        c = TrialConfig(model=model, dataset="gaussian", depth=2, width=8, norm="layer")
+        net = build(c)
+        assert (net.width, net.norm) == (8, "layer"), model
+    spec, _, _ = network(depth=2, width=6, norm="batch_scale")
+    assert (jacobian.as_net(spec).width, jacobian.as_net(spec).norm) == (6, "batch_scale")
+
+
+def test_a_resmlp_net_takes_the_generic_path_batch_statistics_included():
+    """A residual MLP (built from its config, no nn.Spec given): J_i (width, d_in) through the
+    batch's BatchNorm statistics equals finite differences of the whole batch's forward."""
+    from workers.models import build
+
+    c = TrialConfig(model="resmlp", dataset="gaussian", depth=2, width=6, norm="batch",
+                    activation="tanh")  # fmt: skip
+    net = build(c)
+    params, state = net.init_params(torch.Generator().manual_seed(0)), net.init_state()
+    X = probe(8, net.d_in)
+    J = jacobian.input_output_jacobian(net, params, state, X, 3)
+    assert J.shape == (6, net.d_in)
+    torch.testing.assert_close(J, finite_difference_jacobian(net, params, state, X, 3),
+                               rtol=1e-6, atol=1e-7)  # fmt: skip
+    assert jacobian.jacobian_singular_values(net, params, state, X, 2).shape == (2, 6)
+
+
 # --- the record's contract ------------------------------------------------------------------------
 
 

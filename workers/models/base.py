@@ -55,6 +55,8 @@ class Net(Protocol):
 
     config: TrialConfig
     depth: int  # L, the number of blocks: every per-layer metric has L values
+    width: int  # the blocks' width: hidden features, channels or model dimension (docs/models.md)
+    norm: str  # the blocks' normalization (workers/nn.py NORMS)
     d_in: int  # flattened input size
     n_classes: int
     dtype: torch.dtype

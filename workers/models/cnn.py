@@ -190,6 +190,10 @@ class CNNNet:
         return self.config.width
 
     @property
+    def norm(self) -> str:
+        return self.config.norm
+
+    @property
     def d_in(self) -> int:
         return DATASET_SHAPES[self.config.dataset][0]
 

@@ -103,6 +103,14 @@ class RegisteredNet:
         return len(self.tap_names)
 
     @property
+    def width(self) -> int:
+        return self.config.width  # as the factory got it (it may not read it)
+
+    @property
+    def norm(self) -> str:
+        return self.config.norm  # likewise: the module's own norms are its factory's
+
+    @property
     def d_in(self) -> int:
         return DATASET_SHAPES[self.config.dataset][0]
 

@@ -172,6 +172,10 @@ class TransformerNet:
         return self.config.width
 
     @property
+    def norm(self) -> str:
+        return self.config.norm
+
+    @property
     def dtype(self) -> torch.dtype:
         return nn.DTYPES[self.config.dtype]
 
