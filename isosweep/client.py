@@ -14,7 +14,9 @@ DataFrame holds them as floats again. An error answer raises ApiError with the s
 message, field and allowed values; a server that cannot be reached raises ApiUnreachable.
 
 The `isosweep` CLI's REST commands (api/cli/client.py) are a layer over this Client: the URL,
-the token, error answers, paging (`read_rows`), downloads and the event stream live here once.
+the token, error answers, paging (`read_rows`), downloads, the event stream and every route's
+path and parameters live here once (the paged routes as `RowsQuery`s: `sweeps_query`,
+`trials_query`, `metrics_query`, `compare_query`, read by `page`, `frame` and `save_csv`).
 httpx and pandas are imported when first needed, so importing this module (and the CLI) stays
 light.
 """
@@ -25,6 +27,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -309,6 +312,61 @@ def _is_finished(status: str) -> bool:
     return SweepStatus(status).is_finished()
 
 
+# --- the paged routes: each wired here once, for the Client's methods and the CLI's commands ---
+
+
+@dataclass(frozen=True)
+class RowsQuery:
+    """A GET of a paged route: its path under /api/v1, its query parameters (as `_params`
+    gives them) and the route's largest page. `Client.page` reads its rows as sent,
+    `Client.frame` as a DataFrame, `Client.save_csv` streams a metrics route's CSV."""
+
+    path: str
+    params: list[tuple[str, Any]]
+    page_rows: int = TRIALS_PAGE_ROWS
+
+
+def sweeps_query(*, status: str | None = None) -> RowsQuery:
+    """GET /sweeps: every sweep (or those with `status`), newest first."""
+    return RowsQuery("/sweeps", _params(status=status))
+
+
+def trials_query(
+    sweep_id: int, *, status: str | None = None, where: Mapping[str, Any] | None = None
+) -> RowsQuery:
+    """GET /sweeps/{id}/trials: a sweep's trials in expansion order."""
+    return RowsQuery(f"/sweeps/{sweep_id}/trials", _params(where, status=status))
+
+
+def metrics_query(
+    sweep_id: int,
+    *,
+    metric: str | Iterable[str] | None = None,
+    epoch: int | str | Iterable[int | str] | None = None,
+    layer: int | Iterable[int] | None = None,
+    where: Mapping[str, Any] | None = None,
+    aggregate: bool = False,
+) -> RowsQuery:
+    """GET /sweeps/{id}/metrics: a sweep's tidy rows (arguments as `Client.metrics`)."""
+    params = _params(where, metric=metric, epoch=epoch, layer=layer, aggregate=aggregate)
+    return RowsQuery(f"/sweeps/{sweep_id}/metrics", params, METRICS_PAGE_ROWS)
+
+
+def compare_query(
+    sweeps: Iterable[int],
+    *,
+    metric: str | Iterable[str] | None = None,
+    epoch: int | str | Iterable[int | str] | None = None,
+    layer: int | Iterable[int] | None = None,
+    where: Mapping[str, Any] | None = None,
+    aggregate: bool = False,
+) -> RowsQuery:
+    """GET /compare/metrics: several sweeps' tidy rows (arguments as `Client.compare`)."""
+    params = _params(where, sweep=list(sweeps), metric=metric, epoch=epoch, layer=layer,
+                     aggregate=aggregate)  # fmt: skip
+    return RowsQuery("/compare/metrics", params, METRICS_PAGE_ROWS)
+
+
 # --- the client -------------------------------------------------------------------------------
 
 
@@ -397,6 +455,28 @@ class Client:
             for chunk in r.iter_bytes():
                 sink.write(chunk)
             return r
+
+    def page(
+        self, query: RowsQuery, *, limit: int | None = None, page_rows: int | None = None
+    ) -> dict[str, Any]:
+        """A paged route's answer (`rows`) for `query`: every row, or the first `limit`, read
+        `page_rows` a request (default: the route's largest page)."""
+        return self.rows(query.path, query.params, limit=limit,
+                         page_rows=page_rows or query.page_rows)  # fmt: skip
+
+    def frame(self, query: RowsQuery) -> pd.DataFrame:
+        """Every row of a metrics route (`metrics_query`, `compare_query`) as a DataFrame,
+        NaN and ±inf as floats (decode_frame)."""
+        import pandas as pd
+
+        page = self.page(query)
+        return decode_frame(pd.DataFrame(page["data"], columns=page["columns"]))
+
+    def save_csv(self, query: RowsQuery, sink: Any, *, limit: int | None = None) -> httpx.Response:
+        """A metrics route's CSV (format=csv; every row, or the first `limit`) streamed into
+        `sink` (a binary file); the response, for its X-Total-Count header."""
+        params = [*query.params, ("format", "csv"), *_params(limit=limit)]
+        return self.download(query.path, sink, params=params)
 
     # --- sweeps
 
@@ -494,7 +574,7 @@ class Client:
 
     def sweeps(self, *, status: str | None = None) -> list[dict[str, Any]]:
         """Every sweep (or those with `status`), newest first."""
-        return self.rows("/sweeps", {"status": status}, page_rows=TRIALS_PAGE_ROWS)["data"]
+        return self.page(sweeps_query(status=status))["data"]
 
     def cancel(self, sweep_id: int) -> dict[str, Any]:
         """Cancel a sweep: queued trials stop at once, running ones soon; stored results stay.
@@ -552,8 +632,7 @@ class Client:
         filters on config fields ({"depth": [2, 8]})."""
         import pandas as pd
 
-        params = _params(where, status=status)
-        page = self.rows(f"/sweeps/{sweep_id}/trials", params, page_rows=TRIALS_PAGE_ROWS)
+        page = self.page(trials_query(sweep_id, status=status, where=where))
         frame = pd.DataFrame([_trial_row(t) for t in page["data"]])
         for name in ("started_at", "finished_at"):
             if name in frame:
@@ -579,11 +658,8 @@ class Client:
             ApiError: an unknown metric, field or value (named in .field), or a query over the
                 server's ISOSWEEP_MAX_POINTS (narrow it with metric, epoch, layer or where).
         """
-        import pandas as pd
-
-        params = _params(where, metric=metric, epoch=epoch, layer=layer, aggregate=aggregate)
-        page = self.rows(f"/sweeps/{sweep_id}/metrics", params, page_rows=METRICS_PAGE_ROWS)
-        return decode_frame(pd.DataFrame(page["data"], columns=page["columns"]))
+        return self.frame(metrics_query(sweep_id, metric=metric, epoch=epoch, layer=layer,
+                                        where=where, aggregate=aggregate))  # fmt: skip
 
     def plot(
         self,
@@ -630,12 +706,8 @@ class Client:
             ApiError: a sweep that does not exist (404), or as `metrics` (a metric, epoch or
                 layer a sweep does not have names the sweep).
         """
-        import pandas as pd
-
-        params = _params(where, sweep=list(sweeps), metric=metric, epoch=epoch, layer=layer,
-                         aggregate=aggregate)  # fmt: skip
-        page = self.rows("/compare/metrics", params, page_rows=METRICS_PAGE_ROWS)
-        return decode_frame(pd.DataFrame(page["data"], columns=page["columns"]))
+        return self.frame(compare_query(sweeps, metric=metric, epoch=epoch, layer=layer,
+                                        where=where, aggregate=aggregate))  # fmt: skip
 
     def compare_plot(
         self,

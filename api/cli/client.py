@@ -37,7 +37,12 @@ from isosweep.client import (
     ApiError,
     Client,
     ClientError,
+    RowsQuery,
+    compare_query,
+    metrics_query,
     read_rows,
+    sweeps_query,
+    trials_query,
 )
 from service.status import SweepStatus, TrialStatus, trials_finished
 
@@ -249,14 +254,14 @@ def estimate_line(estimate: dict[str, Any]) -> str:
 def status(args: argparse.Namespace) -> int:
     with Api(args.api_url, timeout=args.timeout) as api:
         if args.sweep is None:
-            page = api.rows("/sweeps", limit=args.limit)
+            page = api.page(sweeps_query(), limit=args.limit)
             if args.json:
                 return print_json(page)
             return print_sweeps(page)
         sweep = api.sweep(args.sweep)
         if args.json:
             return print_json(sweep)
-        trials = api.rows(f"/sweeps/{args.sweep}/trials", limit=args.limit)
+        trials = api.page(trials_query(args.sweep), limit=args.limit)
     print_sweep(sweep)
     print_trials_page(sweep, trials)
     return 0
@@ -273,19 +278,23 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def results(args: argparse.Namespace) -> int:
-    params: dict[str, Any] = {**filters(args.where), "aggregate": str(args.aggregate).lower()}
-    params |= {"metric": args.metric or [], "epoch": args.epoch or [], "layer": args.layer or []}
-    return table_or_file(args, f"/sweeps/{args.sweep}/metrics", params)
+    return table_or_file(args, metrics_query(args.sweep, **row_filters(args)))
 
 
-def table_or_file(args: argparse.Namespace, path: str, params: dict[str, Any]) -> int:
-    """The rows of a metrics route (`path`) as a table, JSON, or CSV (--csv or -o FILE)."""
+def row_filters(args: argparse.Namespace) -> dict[str, Any]:
+    """The metrics routes' filters from results' and compare's options."""
+    return {"metric": args.metric, "epoch": args.epoch, "layer": args.layer,
+            "where": filters(args.where), "aggregate": args.aggregate}  # fmt: skip
+
+
+def table_or_file(args: argparse.Namespace, query: RowsQuery) -> int:
+    """The rows of a metrics route (`query`) as a table, JSON, or CSV (--csv or -o FILE)."""
     kind = "json" if args.json else "csv" if args.csv or args.output else "table"
     if kind == "csv":
-        return save_csv(args, {**params, "format": "csv"}, path)
+        return save_csv(args, query)
     limit = args.limit or (TABLE_ROWS if kind == "table" else None)
     with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
-        page = fetch_rows(api, path, params, limit)
+        page = fetch_rows(api, query.path, query.params, limit)
     if kind == "json":
         text = json.dumps(page, ensure_ascii=False)
         if args.output:
@@ -312,7 +321,6 @@ PLOT_OPTION_HELP = {  # compare's figure options, worded as plot's
 def compare(args: argparse.Namespace) -> int:
     """A table of the sweeps' rows (GET /compare/metrics), or with --kind a figure (GET
     /compare/plots/KIND)."""
-    sweeps = {"sweep": args.sweeps}
     if args.kind is None:
         figure_only = [f"--{k.replace('_', '-')}" for k in ("x", "group_by", "format",
                        *PLOT_OPTION_HELP) if getattr(args, k) is not None]  # fmt: skip
@@ -320,10 +328,7 @@ def compare(args: argparse.Namespace) -> int:
             figure_only.append(f"-o {args.output}")
         if figure_only:
             raise CommandError(f"{', '.join(figure_only)} draw a figure: add --kind KIND", code=2)
-        params: dict[str, Any] = {**sweeps, **filters(args.where)}
-        params |= {"aggregate": str(args.aggregate).lower(), "metric": args.metric or []}
-        params |= {"epoch": args.epoch or [], "layer": args.layer or []}
-        return table_or_file(args, "/compare/metrics", params)
+        return table_or_file(args, compare_query(args.sweeps, **row_filters(args)))
     if args.aggregate or args.csv or args.json or args.limit:
         raise CommandError("--aggregate, --csv, --json and --limit make a table: drop --kind",
                            code=2)  # fmt: skip
@@ -381,29 +386,28 @@ def filters(items: list[str] | None) -> dict[str, list[str]]:
     return out_
 
 
-def fetch_rows(api: Any, path: str | int, params: dict[str, Any], limit: int | None) -> dict:
-    """JSON rows of a metrics route (`path`, or a sweep id: its /metrics), page by page
+def fetch_rows(api: Any, path: str | int, params: Any, limit: int | None) -> dict:
+    """JSON rows of a metrics route (`path`, or a sweep id: its metrics_query), page by page
     (isosweep.client.read_rows over `api.json`), up to `limit`. Every page makes the server
     read the sweep's frame again, so without a limit the pages are the route's largest
     (METRICS_PAGE_ROWS, its MAX_JSON_ROWS)."""
     size = METRICS_PAGE_ROWS if limit is None else JSON_PAGE_ROWS
     if isinstance(path, int):
-        path = f"/sweeps/{path}/metrics"
+        path = metrics_query(path).path
     return read_rows(api.json, path, params, size, limit)
 
 
-def save_csv(args: argparse.Namespace, params: dict[str, Any], path: str) -> int:
-    """Stream the API's CSV of a metrics route (`path`; every row, or --limit) to -o FILE or
+def save_csv(args: argparse.Namespace, query: RowsQuery) -> int:
+    """Stream the API's CSV of a metrics route (`query`; every row, or --limit) to -o FILE or
     stdout."""
-    if args.limit:
-        params["limit"] = args.limit
+    limit = args.limit or None
     with Api(args.api_url, timeout=args.timeout, where=filters(args.where)) as api:
         if not args.output:
-            api.download(path, sys.stdout.buffer, params=params)
+            api.save_csv(query, sys.stdout.buffer, limit=limit)
             sys.stdout.flush()
             return 0
         with open(args.output, "wb") as sink:
-            r = api.download(path, sink, params=params)
+            r = api.save_csv(query, sink, limit=limit)
     rows = r.headers.get("X-Total-Count", "?")
     err.print(f"wrote {escape(str(args.output))} ({rows} rows)")
     return 0
