@@ -1,9 +1,11 @@
-"""The MLP as pure functions over explicit tensors.
+"""The MLP as pure functions over explicit tensors: model mlp (workers/models/mlp.py) and the
+branch of resmlp's blocks; the inits, norms and gain schedule the other families reuse.
 
 A network is a `Spec` (shapes and choices, no tensors), a `Params` dict of trainable tensors and a
 `State` dict of normalization running statistics. Every piece is a function of
-(spec, params, state, x): nothing hides per-instance state, so a later step can stack the tensors
-of several seeds along a leading axis and run them as one batched model.
+(spec, params, state, x): nothing hides per-instance state, so workers/packed.py stacks the
+tensors of several trials along a leading axis and runs them as one batched model
+(docs/architecture.md, "Packed trials").
 
     block ℓ, order norm_act:  z = W_ℓ x (+ b_ℓ) → n = norm(z) → a = σ(α_ℓ · n)
     block ℓ, order act_norm:  z = W_ℓ x (+ b_ℓ) → a = σ(α_ℓ · z) → n = norm(a)

@@ -1,11 +1,12 @@
 """The tables. A sweep has trials; a trial has metric rows (one per epoch and metric, holding the
 whole per-layer vector as little-endian float64 bytes) and artifacts (e.g. the input Gram).
 
-Why vectors in blobs: a depth-1000 trial records 5 vectors of 1000 values per epoch, hundreds of
-trials per sweep. One row per value costs ~40 bytes of row and index overhead per 8-byte value
-and makes a 1000-layer history read touch 100k rows; a blob row per (trial, metric, epoch) keeps
-the key at the granularity writes and reads use, and raw IEEE-754 bytes round-trip NaN and ±inf
-bit-exactly on SQLite and Postgres alike (bench/ingest.py measures the difference).
+Why vectors in blobs: a depth-1000 trial records a dozen or more vectors of 1000 values per epoch
+(service.models.layer_metrics: 13 for a BatchNorm MLP), hundreds of trials per sweep. One row per
+value costs ~40 bytes of row and index overhead per 8-byte value and makes a 1000-layer history
+read touch 100k rows; a blob row per (trial, metric, epoch) keeps the key at the granularity writes
+and reads use, and raw IEEE-754 bytes round-trip NaN and ±inf bit-exactly on SQLite and Postgres
+alike (bench/ingest.py measures the difference).
 
 Changing a table here needs a new Alembic revision in migrations/versions/ (a test compares the
 two).
