@@ -3,7 +3,8 @@ response class that writes NaN/±inf as "NaN", "Infinity", "-Infinity" (service.
 
 Models are named for what they are: SweepPublic (one sweep), SweepsPublic (a page of them,
 `{"data": [...], "count": N}`), TrialPublic, TrialsPublic, MetricsPublic, ActivationPublic,
-ActivationsPublic, HealthPublic and ErrorPublic (the one error shape, api/errors.py).
+ActivationsPublic, HealthPublic, ErrorPublic (the one error shape, api/errors.py) and ChartPublic
+(a plot's JSON form).
 """
 
 from __future__ import annotations
@@ -162,6 +163,88 @@ class MetricsPublic(BaseModel):
     data: list[MetricRow]
     count: int = Field(description="rows matching in all (the page holds at most `limit`)")
     columns: list[str] = Field(description="the row keys, in order")
+
+
+# --- charts (a plot's JSON form: service.plots.charts) ------------------------------------
+
+CELL = {"anyOf": [REAL_SCHEMA, {"type": "string"}, {"type": "boolean"}, {"type": "null"}]}
+Cell = Annotated[float | int | str | bool | None, WithJsonSchema(CELL)]  # an axis value
+
+
+class ChartAxis(BaseModel):
+    """An axis as the figure draws it."""
+
+    label: str | None
+    scale: Literal["linear", "log"] = Field(description="the figure's scale")
+    integer: bool = Field(description="its values count (epoch, layer, depth): integer ticks")
+    ticks: list[str] | None = Field(description="category labels at 0, 1, …; null: numeric")
+    range: list[Real] | None = Field(description="[lo, hi] the figure shows; null: the data's")
+    base: float = Field(description="the base of a log axis")
+
+
+class ChartSeries(BaseModel):
+    """One line (or set of points, or bars) with its band. `y`, `lo`, `hi` hold NaN and ±inf
+    as the strings "NaN", "Infinity", "-Infinity": points a chart pins at the axis edge."""
+
+    label: str
+    style: Literal["line", "dashed", "points", "step", "bars"]
+    key: int = Field(description="colour slot, 0 ≤ key < the chart's keys (a prediction "
+                     "shares its measurement's)")  # fmt: skip
+    color: str | None = Field(description="a fixed colour (#rrggbb), or null: by key")
+    shade: float | None = Field(description="0..1 on the chart's colour map, or null: by key")
+    x: list[Cell]
+    y: list[Real]
+    lo: list[Real] | None = Field(description="the band's lower edge per point, or null")
+    hi: list[Real] | None = Field(description="the band's upper edge per point, or null")
+    count: list[int] | None = Field(description="values pooled into each point (seeds)")
+    flags: dict[str, list[bool]] | None = Field(
+        description="per-point flags of the series (e.g. unresolved), or null"
+    )
+
+
+class ChartGrid(BaseModel):
+    """A heatmap's cells: values[i][j] at y[i], x[j]; `present` tells a NaN value from a hole."""
+
+    label: str = Field(description="what the colour shows")
+    x: list[Cell]
+    y: list[Cell]
+    values: list[list[Real]]
+    present: list[list[bool]]
+
+
+class ChartRule(BaseModel):
+    """A line across the axes at a fixed x or y (σ = 1, λ = mean λ)."""
+
+    axis: Literal["x", "y"]
+    value: float
+    label: str
+
+
+class ChartPanel(BaseModel):
+    """One axes of the figure: its caption (the figure's note), axes, series and legend title;
+    `stat` names the pooled statistic (the pinned points' legend), `band` the band drawn."""
+
+    caption: str
+    x: ChartAxis
+    y: ChartAxis
+    legend: str | None
+    stat: str | None
+    band: str | None
+    series: list[ChartSeries]
+    grid: ChartGrid | None
+    rules: list[ChartRule]
+
+
+class ChartPublic(BaseModel):
+    """A plot's numbers and texts for a browser chart (`format=json` on the plot routes,
+    docs/api.md "Plots as JSON"): the same series the PNG/SVG draws."""
+
+    kind: str
+    title: str
+    empty: str | None = Field(description="why there is nothing to draw (no data), else null")
+    ordered: bool = Field(description="colours follow a numeric key (a sequential map)")
+    keys: int = Field(description="colour slots used by the series")
+    panels: list[ChartPanel]
 
 
 # --- theory ---------------------------------------------------------------------------------

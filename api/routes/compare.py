@@ -35,6 +35,7 @@ from api.routes.deps import (
 )
 from api.routes.metrics import RESPONSES, Layer, _answer, _json_limit, _narrow
 from api.routes.plots import (
+    FORMAT_TEXT,
     IMAGE_RESPONSES,
     MEDIA,
     BandQuery,
@@ -140,7 +141,7 @@ async def compare_plot(
         list[MetricName] | None,
         Query(description="the metric (several for training_curves); default per kind"),
     ] = None,
-    format: Annotated[Literal["png", "svg"], Query(description="png or svg")] = "png",
+    format: Annotated[Literal["png", "svg", "json"], Query(description=FORMAT_TEXT)] = "png",
     x: Annotated[str | None, Query(description="the x axis (depth_scaling: a field)")] = None,
     group_by: Annotated[
         str | None, Query(description="one line per value of (default: sweep)")

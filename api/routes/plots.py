@@ -1,4 +1,6 @@
-"""`GET /sweeps/{id}/plots/{kind}`: a figure of a stored sweep as PNG or SVG (docs/plots.md).
+"""`GET /sweeps/{id}/plots/{kind}`: a figure of a stored sweep as PNG or SVG (docs/plots.md), or
+its numbers and texts as JSON for a browser chart (`format=json`: api.schemas.ChartPublic,
+service.plots.charts; docs/api.md, "Plots as JSON").
 
 Drawn off the event loop within the heavy-read bound and the plot time limit
 (api/limits.py). The default metric of each kind is service.plots.defaults, which the
@@ -28,6 +30,7 @@ from api.routes.deps import (
     frozen,
     parse_epoch,
 )
+from api.schemas import ChartPublic
 from service.errors import InvalidInput, NotFound
 from service.plots import PLOT_KINDS, PLOT_OPTIONS
 from service.plots.defaults import DEFAULT_METRIC, default_metric
@@ -37,10 +40,13 @@ from service.plots.stored import make_plot
 router = APIRouter(tags=["plots"])
 __all__ = ["DEFAULT_METRIC", "router"]
 
-MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
-IMAGE_RESPONSES = {  # the figure, or one of the errors (503 busy, 504 too slow included)
+MEDIA = {"png": "image/png", "svg": "image/svg+xml", "json": "application/json"}
+# The figure (the images first: a client generator reads the first media type it knows), its
+# chart (format=json, after them), or one of the errors (503 busy, 504 too slow included).
+IMAGE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
-        "description": "the figure",
+        "description": "the figure (png, svg), or its chart's numbers and texts (json)",
+        "model": ChartPublic,
         "content": {
             "image/png": {"schema": {"type": "string", "format": "binary"}},
             "image/svg+xml": {"schema": {"type": "string"}},
@@ -49,6 +55,7 @@ IMAGE_RESPONSES = {  # the figure, or one of the errors (503 busy, 504 too slow 
     **ERROR_RESPONSES,
     **PLOT_RESPONSES,
 }
+FORMAT_TEXT = "png or svg: the figure; json: its chart (api.schemas.ChartPublic)"
 OPTION_TEXT = {
     "stat": "pool seeds by mean, geomean (exp of the mean log) or median; default: geomean for "
     "a gap or gradient norm against depth or layer, else mean",
@@ -93,7 +100,7 @@ async def read_plot(
         list[MetricName] | None,
         Query(description="the metric (several for training_curves); default per kind"),
     ] = None,
-    format: Annotated[Literal["png", "svg"], Query(description="png or svg")] = "png",
+    format: Annotated[Literal["png", "svg", "json"], Query(description=FORMAT_TEXT)] = "png",
     x: Annotated[
         str | None, Query(description="the x axis: a config field, epoch or layer")
     ] = None,

@@ -1,7 +1,8 @@
 """A trial's stored spectra (service.store.spectra) and their plots:
 
 - `GET /trials/{id}/spectra`: the arrays as JSON, `{"data": [...], "count": N}`;
-- `GET /trials/{id}/plots/{kind}`: `spectrum` or `jacobian_spectrum` as PNG or SVG.
+- `GET /trials/{id}/plots/{kind}`: `spectrum` or `jacobian_spectrum` as PNG or SVG, or as a
+  chart's JSON (`format=json`, service.plots.charts_search).
 
 Spectra are per trial (a (rows, columns) array per epoch), not rows of a sweep's tidy frame, so
 their plots are trial-scoped; `compare` draws more trials (other depths) beside the first.
@@ -18,7 +19,7 @@ from pydantic import BaseModel, Field
 from api.errors import ERROR_RESPONSES
 from api.limits import HeavyReads, get_heavy_reads
 from api.routes.deps import INT32_MAX, CacheDep, EpochText, StoreDep, TrialId, parse_epoch
-from api.routes.plots import IMAGE_RESPONSES
+from api.routes.plots import FORMAT_TEXT, IMAGE_RESPONSES, MEDIA
 from api.schemas import Real
 from service import jsonfmt
 from service.config import SPECTRUM_KEYS
@@ -27,7 +28,6 @@ from service.status import TrialStatus
 
 router = APIRouter(tags=["spectra"])
 
-MEDIA = {"png": "image/png", "svg": "image/svg+xml"}
 # trial statuses whose results no longer change (a failed trial may run again)
 STABLE = (
     TrialStatus.COMPLETED,
@@ -119,7 +119,7 @@ async def read_spectrum_plot(
         list[Annotated[int, Field(ge=1, le=INT32_MAX)]] | None,
         Query(description="jacobian_spectrum: more trials drawn beside this one (repeatable)"),
     ] = None,
-    format: Annotated[Literal["png", "svg"], Query(description="png or svg")] = "png",
+    format: Annotated[Literal["png", "svg", "json"], Query(description=FORMAT_TEXT)] = "png",
 ) -> Response:
     """A trial's Gram spectra per layer (spectrum) or its Jacobian singular values, with those
     of the `compare` trials (jacobian_spectrum)."""

@@ -15,7 +15,8 @@ figure is built, so importing this package costs the API nothing at start-up.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -79,7 +80,9 @@ PLOT_KINDS: tuple[str, ...] = (
     "heatmap",
     "theory_overlay",
 )
-FORMATS: tuple[str, ...] = ("png", "svg")
+# png and svg are figures; json is the figure's numbers, texts and axes for a browser chart
+# (service.plots.charts; docs/api.md, "Plots as JSON")
+FORMATS: tuple[str, ...] = ("png", "svg", "json")
 
 # How seeds are pooled and axes scaled: option → its values (None, not given: the field's
 # default, service.plots.defaults.default_pooling).
@@ -121,7 +124,8 @@ def render(
     xscale: str | None = None,
     yscale: str | None = None,
 ) -> bytes:
-    """Draw one plot of a tidy frame and return it as PNG or SVG bytes.
+    """Draw one plot of a tidy frame and return it as PNG or SVG bytes, or its chart as JSON
+    (fmt "json": service.plots.charts, the same numbers and texts).
 
     An empty frame (or one without rows of the metric) gives a figure saying "no data".
     `stat`, `band`, `nonfinite`, `xscale`, `yscale`: PLOT_OPTIONS; None = the default:
@@ -135,11 +139,15 @@ def render(
             `field` names it and the message lists the allowed values.
     """
     check_choice(fmt, FORMATS, "format")
-    fig = build_figure(
-        kind, frame, metric=metric, x=x, group_by=group_by, epoch=epoch, layer=layer,
-        title=title, theory=theory, stat=stat, band=band, nonfinite=nonfinite, xscale=xscale,
-        yscale=yscale,
+    args: dict[str, Any] = dict(
+        metric=metric, x=x, group_by=group_by, epoch=epoch, layer=layer, title=title,
+        theory=theory, stat=stat, band=band, nonfinite=nonfinite, xscale=xscale, yscale=yscale,
     )  # fmt: skip
+    if fmt == "json":
+        from service.plots.charts import CHART_BUILDERS, chart_bytes, no_data
+
+        return chart_bytes(kind, build_with(CHART_BUILDERS, no_data, kind, frame, **args))
+    fig = build_figure(kind, frame, **args)
     from service.plots.draw import to_bytes
 
     return to_bytes(fig, fmt)
@@ -163,6 +171,38 @@ def build_figure(
     yscale: str | None = None,
 ) -> Figure:
     """The matplotlib Figure that `render` saves (same arguments, no format)."""
+    from service.plots import draw
+    from service.plots.kinds import BUILDERS
+
+    return build_with(
+        BUILDERS, draw.no_data, kind, frame, metric=metric, x=x, group_by=group_by, epoch=epoch,
+        layer=layer, title=title, theory=theory, stat=stat, band=band, nonfinite=nonfinite,
+        xscale=xscale, yscale=yscale,
+    )  # fmt: skip
+
+
+def build_with(
+    builders: Mapping[str, Callable[..., Any]],
+    no_data: Callable[[str, str], Any],
+    kind: str,
+    frame: pd.DataFrame,
+    *,
+    metric: str | list[str],
+    x: str | None = None,
+    group_by: str | None = None,
+    epoch: int | None = None,
+    layer: int | None = None,
+    title: str | None = None,
+    theory: dict | None = None,
+    stat: str | None = None,
+    band: str | None = None,
+    nonfinite: str | None = None,
+    xscale: str | None = None,
+    yscale: str | None = None,
+) -> Any:
+    """The checks and defaults of every kind, then `builders[kind]` (a figure's, or a chart's:
+    service.plots.charts), or `no_data(heading, reason)` for an empty frame: one path, so a
+    figure and its JSON refuse the same requests with the same message."""
     check_choice(kind, PLOT_KINDS, "kind")
     metrics = _metrics(kind, metric)
     given = {"x": x, "group_by": group_by, "epoch": epoch, "layer": layer, "theory": theory}
@@ -178,14 +218,11 @@ def build_figure(
     defaults = default_pooling(kind, metrics[0], x, group_by)
     pooling = Pooling.of(stat or defaults["stat"], band, nonfinite or "propagate")
     field_log = field_default(kind, metrics[0], x, group_by)
-    from service.plots import draw
-    from service.plots.kinds import BUILDERS
-
     if frame.empty:
-        return draw.no_data(title or f"{kind}: {', '.join(metrics)}", "the frame is empty")
+        return no_data(title or f"{kind}: {', '.join(metrics)}", "the frame is empty")
     check_frame(frame)
     first = metrics if kind == "training_curves" else metrics[0]
-    return BUILDERS[kind](
+    return builders[kind](
         frame, first, **given, title=title, pooling=pooling, xscale=xscale, yscale=yscale,
         field_log=field_log,
     )  # fmt: skip

@@ -415,7 +415,8 @@ def make_search_plot(
     yscale: str | None = None,
     where: dict[str, Any] | None = None,
 ) -> bytes:
-    """One search plot of a stored sweep as PNG or SVG bytes.
+    """One search plot of a stored sweep as PNG or SVG bytes, or its chart as JSON (fmt
+    "json": service.plots.charts_search, the same numbers).
 
     Raises:
         NotFound: no such sweep.
@@ -423,12 +424,18 @@ def make_search_plot(
             not take; a sweep the kind cannot read (no parameter, too few completed trials, no
             early_stop for halving_rungs), naming why.
     """
+    check_choice(fmt, ("png", "svg", "json"), "format")  # before the figure is drawn, not after
+    args: dict[str, Any] = dict(
+        metric=metric, mode=mode, epoch=epoch, layer=layer, yscale=yscale, where=where
+    )
+    if fmt == "json":
+        from service.plots.charts import chart_bytes
+        from service.plots.charts_search import SEARCH_CHARTS
+
+        return chart_bytes(kind, build_search_with(SEARCH_CHARTS, store, sweep_id, kind, **args))
     from service.plots.draw import to_bytes
 
-    check_choice(fmt, ("png", "svg"), "format")  # before the figure is drawn, not after
-    fig = build_search_figure(store, sweep_id, kind, metric=metric, mode=mode, epoch=epoch,
-                              layer=layer, yscale=yscale, where=where)  # fmt: skip
-    return to_bytes(fig, fmt)
+    return to_bytes(build_search_figure(store, sweep_id, kind, **args), fmt)
 
 
 def build_search_figure(
@@ -444,6 +451,28 @@ def build_search_figure(
     where: dict[str, Any] | None = None,
 ) -> Figure:
     """The matplotlib Figure that make_search_plot saves."""
+    return build_search_with(
+        _FIGURES, store, sweep_id, kind, metric=metric, mode=mode, epoch=epoch, layer=layer,
+        yscale=yscale, where=where,
+    )  # fmt: skip
+
+
+def build_search_with(
+    builders: dict[str, Any],
+    store: Store,
+    sweep_id: int,
+    kind: str,
+    *,
+    metric: str | None = None,
+    mode: str | None = None,
+    epoch: int | str | None = None,
+    layer: int | None = None,
+    yscale: str | None = None,
+    where: dict[str, Any] | None = None,
+) -> Any:
+    """The checks of every search kind, then `builders[kind](data, yscale)` with data the Rungs
+    (halving_rungs) or the SearchTrials: a figure's builders or a chart's
+    (service.plots.charts_search), so both refuse the same requests."""
     check_choice(kind, SEARCH_PLOT_KINDS, "kind")
     given = {"metric": metric, "mode": mode, "epoch": epoch, "layer": layer, "yscale": yscale}
     for name, value in given.items():
@@ -453,17 +482,10 @@ def build_search_figure(
     if yscale is not None:
         check_choice(yscale, SCALES, "yscale")
     if kind == "halving_rungs":
-        return _halving_figure(halving_series(store, sweep_id, where=where), yscale)
+        return builders[kind](halving_series(store, sweep_id, where=where), yscale)
     spec = store.get_sweep(sweep_id).spec
     obj = resolve_objective(spec, metric, mode, epoch, layer)
-    s = load_search(store, sweep_id, obj, where=where)
-    if kind == "search_history":
-        return _history_figure(s, yscale)
-    if kind == "search_slice":
-        return _slice_figure(s, yscale)
-    if kind == "parallel_coordinates":
-        return _parallel_figure(s)
-    return _importance_figure(s)
+    return builders[kind](load_search(store, sweep_id, obj, where=where), yscale)
 
 
 def _ylog(values: np.ndarray, yscale: str | None) -> bool:
@@ -556,24 +578,9 @@ def _parallel_figure(s: SearchTrials) -> Figure:
     done = check_params(s, "parallel_coordinates", least=0)
     if done.empty:
         return draw.no_data(title, s.left_out() or "no trials yet")
-    names = list(s.params)
-    cols, labels = [], []
-    for name in names:
-        d = s.params[name]
-        x, ticks = _positions(d, done[name])
-        if is_log(d):
-            x = np.log10(x)
-        lo, hi = np.nanmin(x), np.nanmax(x)
-        cols.append((x - lo) / (hi - lo) if hi > lo else np.full_like(x, 0.5))
-        if ticks is not None:
-            labels.append(f"{name}\n{ticks[0]} … {ticks[-1]}")
-        else:
-            a, b = (10**lo, 10**hi) if is_log(d) else (lo, hi)
-            labels.append(f"{name}{' (log)' if is_log(d) else ''}\n{a:.3g} … {b:.3g}")
+    cols, labels = parallel_axes(s, done)
     y = done["value"].to_numpy(float)
     lo, hi = y.min(), y.max()
-    cols.append((y - lo) / (hi - lo) if hi > lo else np.full_like(y, 0.5))
-    labels.append(f"{s.objective.metric}\n{lo:.3g} … {hi:.3g}")
     fig, (ax,) = draw.new_figure(height=4.8)
     norm = mcolors.Normalize(lo, hi if hi > lo else lo + 1)
     cmap = colormaps["viridis_r" if s.objective.mode == "min" else "viridis"]
@@ -591,6 +598,30 @@ def _parallel_figure(s: SearchTrials) -> Figure:
     draw.title(fig, title)
     draw.caption(ax, _notes(s, "each axis scaled to its own range; the best trials on top"))
     return fig
+
+
+def parallel_axes(s: SearchTrials, done: pd.DataFrame) -> tuple[list[np.ndarray], list[str]]:
+    """parallel_coordinates' axes: each parameter's values of the drawn trials and then their
+    objective, each scaled to [0, 1] over its own range (a log parameter in log10; 0.5 when it
+    does not vary), and each axis's label with its range."""
+    cols, labels = [], []
+    for name in s.params:
+        d = s.params[name]
+        x, ticks = _positions(d, done[name])
+        if is_log(d):
+            x = np.log10(x)
+        lo, hi = np.nanmin(x), np.nanmax(x)
+        cols.append((x - lo) / (hi - lo) if hi > lo else np.full_like(x, 0.5))
+        if ticks is not None:
+            labels.append(f"{name}\n{ticks[0]} … {ticks[-1]}")
+        else:
+            a, b = (10**lo, 10**hi) if is_log(d) else (lo, hi)
+            labels.append(f"{name}{' (log)' if is_log(d) else ''}\n{a:.3g} … {b:.3g}")
+    y = done["value"].to_numpy(float)
+    lo, hi = y.min(), y.max()
+    cols.append((y - lo) / (hi - lo) if hi > lo else np.full_like(y, 0.5))
+    labels.append(f"{s.objective.metric}\n{lo:.3g} … {hi:.3g}")
+    return cols, labels
 
 
 def _importance_figure(s: SearchTrials) -> Figure:
@@ -647,3 +678,12 @@ def _halving_figure(r: Rungs, yscale: str | None) -> Figure:
     draw.caption(ax, f"mode {r.mode} · {len(r.values)} trials, {n_stop} stopped · the boundary: "
                  "the rule's cutoff once every trial has reached the rung")  # fmt: skip
     return fig
+
+
+_FIGURES: dict[str, Any] = {  # kind → its figure of (the kind's data, yscale)
+    "search_history": _history_figure,
+    "search_slice": _slice_figure,
+    "parallel_coordinates": lambda s, _: _parallel_figure(s),
+    "param_importances": lambda s, _: _importance_figure(s),
+    "halving_rungs": _halving_figure,
+}

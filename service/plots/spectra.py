@@ -166,7 +166,8 @@ def make_spectrum_plot(
     compare: Sequence[int] = (),
     fmt: str = "png",
 ) -> bytes:
-    """One spectrum plot of a stored trial as PNG or SVG bytes (docs/plots.md, "Spectra").
+    """One spectrum plot of a stored trial as PNG or SVG bytes (docs/plots.md, "Spectra"), or
+    its chart as JSON (fmt "json": service.plots.charts_search, the same numbers).
 
     Args:
         store: a service.store.Store.
@@ -184,29 +185,36 @@ def make_spectrum_plot(
     """
     if kind not in SPECTRUM_PLOT_KINDS:
         raise NotFound(f"no spectrum plot kind {kind!r} (kinds: {', '.join(SPECTRUM_PLOT_KINDS)})")
-    if fmt not in FORMATS:
-        raise InvalidInput(f"unknown format {fmt!r}", field="format", allowed=FORMATS)
+    if fmt not in (*FORMATS, "json"):
+        raise InvalidInput(f"unknown format {fmt!r}", field="format", allowed=(*FORMATS, "json"))
+    chart = fmt == "json"
     epoch = "last" if epoch is None else epoch
     if kind == "spectrum":
         if compare:
             msg = "spectrum draws one trial; compare is for jacobian_spectrum"
             raise InvalidInput(msg, field="compare")
-        fig = _spectrum_plot(store, trial_id, name or DEFAULT_SPECTRUM, epoch, layers)
+        fig = _spectrum_plot(store, trial_id, name or DEFAULT_SPECTRUM, epoch, layers, chart)
     else:
         if layers:
             raise InvalidInput("jacobian_spectrum has no layers", field="layer")
         if name not in (None, JACOBIAN_KEY):
             raise InvalidInput(f"{name!r} is not drawn here", field="name", allowed=[JACOBIAN_KEY])
-        fig = _jacobian_plot(store, [trial_id, *compare], epoch)
+        fig = _jacobian_plot(store, [trial_id, *compare], epoch, chart)
+    if chart:
+        from service.plots.charts import chart_bytes
+
+        return chart_bytes(kind, fig)
     from service.plots.draw import to_bytes
 
     return to_bytes(fig, fmt)
 
 
 def _spectrum_plot(
-    store: Any, trial_id: int, name: str, epoch: int | str, layers: Sequence[int] | None
-) -> Figure:
-    from service.plots import draw
+    store: Any, trial_id: int, name: str, epoch: int | str, layers: Sequence[int] | None,
+    chart: bool = False,
+) -> Any:  # fmt: skip
+    """The figure (or with `chart`, the chart: service.plots.charts_search) of a Gram spectrum."""
+    build, draw = _builders(chart)
 
     if name not in GRAM_SPECTRA:
         raise InvalidInput(f"spectrum draws a Gram spectrum, not {name!r}", field="name",
@@ -224,10 +232,22 @@ def _spectrum_plot(
     if not found:
         return draw.no_data(title, f"no {name} stored (the trial's `spectra` option is off?)")
     s = found[0]
-    return spectrum_figure(
+    return build["spectrum"](
         s.values, name=name, epoch=s.epoch, layers=sorted(set(chosen)), title=title,
         note=config_note(config),
     )  # fmt: skip
+
+
+def _builders(chart: bool) -> tuple[dict[str, Any], Any]:
+    """(kind → the figure's or the chart's builder, the module whose `no_data` says why not)."""
+    if chart:
+        from service.plots import charts
+        from service.plots.charts_search import SPECTRUM_CHARTS
+
+        return SPECTRUM_CHARTS, charts
+    from service.plots import draw
+
+    return {"spectrum": spectrum_figure, "jacobian_spectrum": jacobian_figure}, draw
 
 
 def config_note(config: dict[str, Any]) -> str:
@@ -236,8 +256,9 @@ def config_note(config: dict[str, Any]) -> str:
     return ", ".join(f"{k} {config[k]}" if k != "activation" else str(config[k]) for k in keys)
 
 
-def _jacobian_plot(store: Any, trial_ids: list[int], epoch: int | str) -> Figure:
-    from service.plots import draw
+def _jacobian_plot(store: Any, trial_ids: list[int], epoch: int | str, chart: bool = False) -> Any:
+    """The figure (or with `chart`, the chart) of the trials' Jacobian singular values."""
+    build, draw = _builders(chart)
 
     ids = list(dict.fromkeys(trial_ids))
     if len(ids) > MAX_TRIALS:
@@ -255,7 +276,7 @@ def _jacobian_plot(store: Any, trial_ids: list[int], epoch: int | str) -> Figure
         return draw.no_data(title, "no Jacobian stored (the trials' jacobian_samples is 0?)")
     shown = epochs.pop() if len(epochs) == 1 else "last of each trial"
     ordered = len({t.config["depth"] for t in trials}) > 1
-    return jacobian_figure(lines, epoch=shown, title=title, ordered=ordered)
+    return build["jacobian_spectrum"](lines, epoch=shown, title=title, ordered=ordered)
 
 
 def _labels(trials: list[Any]) -> dict[int, str]:

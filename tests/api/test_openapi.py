@@ -315,7 +315,7 @@ def test_every_media_type_the_api_speaks_is_declared():
     assert body["application/yaml"]["schema"]["format"] == "binary"  # a generator sends a file
     for path in ("/sweeps/{sweep_id}/plots/{kind}", "/compare/plots/{kind}",
                  "/trials/{trial_id}/plots/{kind}"):  # fmt: skip
-        assert content(path) == ["image/png", "image/svg+xml"], path
+        assert content(path) == ["image/png", "image/svg+xml", "application/json"], path
     for path in ("/sweeps/{sweep_id}/metrics", "/compare/metrics"):
         assert content(path) == ["application/json", "text/csv", "application/vnd.apache.parquet"]
     assert content("/sweeps/{sweep_id}/events") == ["text/event-stream"]
