@@ -117,6 +117,11 @@ class TrialConfig(BaseModel):
     jacobian_samples: int = Field(
         0, ge=0, description="probe samples whose input–output Jacobian spectrum is stored"
     )
+    precision_check: bool = Field(
+        False,
+        description="re-run epoch 0's probe in float64 and store each float32 metric's relative "
+        "difference from it, precision_diff/<metric> (no effect under float64)",
+    )
     epoch0_train_samples: int | None = Field(
         EPOCH0_TRAIN_SAMPLES,
         ge=1,

@@ -12,7 +12,8 @@ records, and the two configs hash equal; docs/api.md ("Fields without effect") l
 
 The field takes its default (`to` None) or the value `to` gives (record_every: the epochs).
 Registered models (docs/models.md) build their module from the whole config, so only the rules
-about training itself apply to them, and the family rule (the built-in families' own fields).
+about training itself apply to them, the precision check's, and the family rule (the built-in
+families' own fields).
 """
 
 from __future__ import annotations
@@ -78,6 +79,11 @@ RULES: tuple[NoEffect, ...] = (
         lambda c: c.record_every > max(c.epochs, 1),
         "every k ≥ epochs records epoch 0 and the last one",
         to=lambda c: max(c.epochs, 1),
+    ),
+    NoEffect(
+        "precision_check",
+        lambda c: c.dtype == "float64",
+        "the probe already runs in float64: there is no float32 number to check",
     ),
     NoEffect("norm_eps", lambda c: _builtin(c) and c.norm == "none", "no normalization"),
     NoEffect(

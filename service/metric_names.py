@@ -5,7 +5,23 @@ both import it and neither imports the other. service.config re-exports every na
 
 from __future__ import annotations
 
-SCALAR_METRICS: tuple[str, ...] = (
+# The precision check (TrialConfig.precision_check; docs/science.md, "Precision"): at epoch 0 a
+# float32 trial's probe re-run in float64, and for each of these per-layer metrics its relative
+# difference |x₃₂ − x₆₄|/|x₆₄| stored as PRECISION_PREFIX + the metric, per layer. Weight gaps
+# are left out (computed in float64 from the same weights either way: equal by construction),
+# error bars (not measurements), and the scalars: every scalar metric is in every record, and
+# the head's gradient norm moves with the blocks' (its difference is not stored).
+PRECISION_PREFIX = "precision_diff/"
+PRECISION_CHECKED_LAYERS: tuple[str, ...] = (
+    *(
+        f"{m}/{k}"
+        for m in ("isometry_gap", "range_isometry_gap")
+        for k in ("linear", "norm", "act", "residual", "attn", "mlp", "output")
+    ),
+    *("grad_norm", "rms", "mean_cosine", "token_isometry_gap", "token_cosine"),
+)
+
+_SCALARS: tuple[str, ...] = (
     "train_loss",
     "train_acc",
     "test_loss",
@@ -14,7 +30,7 @@ SCALAR_METRICS: tuple[str, ...] = (
     "head_grad_norm",  # Frobenius norm of ∂L/∂W of the classifier head, probe batch
     "head_weight_isometry_gap",  # gap(W Wᵀ) of the classifier head
 )
-LAYER_METRICS: tuple[str, ...] = (
+_LAYERS: tuple[str, ...] = (
     "isometry_gap/linear",  # gap of the Gram of block ℓ's Linear output, probe batch
     "isometry_gap/norm",  # … of its normalization output (absent when norm = none)
     "isometry_gap/act",  # … of its activation output (+inf where the network forces rank < n)
@@ -47,6 +63,11 @@ LAYER_METRICS: tuple[str, ...] = (
     "isometry_gap_error/attn",
     "isometry_gap_error/mlp",
     "isometry_gap_error/output",
+)
+SCALAR_METRICS: tuple[str, ...] = _SCALARS
+# with precision_check, at epoch 0: |x₃₂ − x₆₄|/|x₆₄| of each checked metric, per layer
+LAYER_METRICS: tuple[str, ...] = _LAYERS + tuple(
+    PRECISION_PREFIX + m for m in PRECISION_CHECKED_LAYERS
 )
 METRICS: tuple[str, ...] = SCALAR_METRICS + LAYER_METRICS
 # What an epoch record holds besides METRICS (docs/architecture.md, "The epoch record").

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
 from service.errors import InvalidInput
-from service.metric_names import LAYER_METRICS
+from service.metric_names import LAYER_METRICS, PRECISION_CHECKED_LAYERS, PRECISION_PREFIX
 from service.param_columns import column_of
 from service.pydantic_errors import invalid_from_pydantic
 
@@ -219,6 +219,8 @@ def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
     have |= {"weight_isometry_gap", "grad_norm", "rms", "mean_cosine"}
     if config.model == "transformer":
         have |= {"token_isometry_gap", "token_cosine"}
+    if config.precision_check:  # at epoch 0 (docs/science.md, "Precision")
+        have |= {PRECISION_PREFIX + m for m in PRECISION_CHECKED_LAYERS if m in have}
     return tuple(m for m in LAYER_METRICS if m in have)
 
 

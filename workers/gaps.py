@@ -91,28 +91,36 @@ def _svd_gaps(M: Tensor, r: int) -> Tensor:
     return _svd_gaps_and_errors(M, r)[0]
 
 
-def _svd_gaps_and_errors(M: Tensor, r: int, eps: float = EPS64) -> tuple[Tensor, Tensor]:
+def _svd_gaps_and_errors(
+    M: Tensor, r: int, eps: float = EPS64, rounding: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """(gaps, absolute error bounds) of the r largest λ = σ² of M (B, m, c). Each computed σᵢ
-    is within δ = p·ε·σ₁ of the true one (`error_scale`; Weyl), so the gap — log(mean λ) −
+    is within δ = p·ε·σ₁ of the true one (`error_scale`; Weyl), plus rounding·‖M‖_F for the
+    rounding of M's own entries (`tap_gaps_and_errors`), so the gap — log(mean λ) −
     mean(log λ) — is within 2δ·mean(1/σᵢ) + 2δ/σ₁ (its second term: the trace, ≤ λ₁); where
     δ ≥ σ_r no σ_r is resolved: +∞."""
-    s = torch.linalg.svdvals(M.to(F64))[:, :r]  # (B, min(m, c)) descending
+    full = torch.linalg.svdvals(M.to(F64))  # (B, min(m, c)) descending
+    s = full[:, :r]
     gap = gaps_from_eigenvalues(s.square())
     if s.shape[1] == 0:
         return gap, torch.zeros_like(gap)
-    delta = error_scale(*M.shape[1:]) * eps * s[:, 0]
+    frobenius = torch.linalg.vector_norm(full, dim=1)
+    delta = error_scale(*M.shape[1:]) * eps * s[:, 0] + rounding * frobenius
     err = 2.0 * delta * (s.reciprocal().mean(dim=1) + s[:, 0].reciprocal())
     return gap, torch.where(delta < s[:, -1], err, math.inf)
 
 
-def _factor_errors(tr: Tensor, lam_min: Tensor, m: int, c: int, eps: float) -> Tensor:
+def _factor_errors(
+    tr: Tensor, lam_min: Tensor, m: int, c: int, eps: float, rounding: float = 0.0
+) -> Tensor:
     """Absolute error bounds of a gap from a factor (LU or QR) of M (m × c, tr = ‖M‖²_F) whose
     λ_min was estimated as lam_min: the factor is exact for M + δM, ‖δM‖₂ ≤ δ = p·ε·‖M‖_F
-    (`error_scale`), so (1/m) log det G moves by ≤ 2δ/σ_min (|log det(I + M⁻¹δM)| ≤ m‖M⁻¹δM‖₂),
-    with σ_min ≈ √lam_min; +∞ where δ ≥ √lam_min (unresolved). lam_min comes from one
+    (`error_scale`) + rounding·‖M‖_F (M's own entries' rounding: `tap_gaps_and_errors`), so
+    (1/m) log det G moves by ≤ 2δ/σ_min (|log det(I + M⁻¹δM)| ≤ m‖M⁻¹δM‖₂), with σ_min ≈
+    √lam_min; +∞ where δ ≥ √lam_min (unresolved). lam_min comes from one
     inverse-iteration step and may overshoot λ_min (κ under by 1/|u_minᵀv|): the measured
     errors stay within the bound all the same (tests/workers/test_gap_error.py)."""
-    delta = error_scale(m, c) * eps * torch.sqrt(tr)
+    delta = (error_scale(m, c) * eps + rounding) * torch.sqrt(tr)
     sigma = torch.sqrt(lam_min)
     err = 2.0 * delta / sigma + 2.0 * eps * m
     return torch.where(delta < sigma, err, math.inf)
@@ -172,7 +180,9 @@ def _full_rank_gaps(M: Tensor) -> Tensor:
     return _full_rank_gaps_and_errors(M)[0]
 
 
-def _full_rank_gaps_and_errors(M: Tensor, eps: float = EPS64) -> tuple[Tensor, Tensor]:
+def _full_rank_gaps_and_errors(
+    M: Tensor, eps: float = EPS64, rounding: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """Gaps of the regular Grams G = M Mᵀ of M (B, m, c), m ≤ c, without forming G: gap =
     log(‖M‖²_F/m) − (1/m) log det G, log det G from the LU of a square M (`_lu_log_det`) or the
     Householder QR of Mᵀ (`_qr_log_det`). Either errs by ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of
@@ -196,15 +206,17 @@ def _full_rank_gaps_and_errors(M: Tensor, eps: float = EPS64) -> tuple[Tensor, T
     # by ~ε₆₄σ_max — and the factor's value stays: as close to the truth as the SVD's (measured
     # on the scale-only chain of docs/architecture.md, Measurements).
     route = usable & ~(kappa <= KAPPA_MAX) & ~(kappa > KAPPA_UNRESOLVED)  # NaN κ̂ routes too
-    err = _factor_errors(tr, lam_min, m, M.shape[2], eps)
+    err = _factor_errors(tr, lam_min, m, M.shape[2], eps, rounding)
     if bool(route.any()):
-        gap[route], err[route] = _svd_gaps_and_errors(M[route], m, eps)
+        gap[route], err[route] = _svd_gaps_and_errors(M[route], m, eps, rounding)
     gap = torch.where(zero_row, math.inf, gap)
     err = torch.where(zero_row, 0.0, err)  # +∞ from an exactly zero row: exact
     return torch.where(finite, gap, math.nan), torch.where(finite, err, math.nan)
 
 
-def _centred_square_gaps(H: Tensor, eps: float = EPS64) -> tuple[Tensor, Tensor]:
+def _centred_square_gaps(
+    H: Tensor, eps: float = EPS64, rounding: float = 0.0
+) -> tuple[Tensor, Tensor]:
     """Range gaps of square H (B, n, n) with 1 in the null space of H Hᵀ (structure (True,
     n − 1)): the gap of the n − 1 eigenvalues σᵢ² of K = (I − 11ᵀ/n)H, from one LU of a
     square matrix instead of a QR of the (n − 1) × n QᵀH.
@@ -233,9 +245,11 @@ def _centred_square_gaps(H: Tensor, eps: float = EPS64) -> tuple[Tensor, Tensor]
     gap = (torch.log(tr / (n - 1)) - 2.0 * (log_sigma - 0.5 * math.log(n)) / (n - 1)).clamp_min(0)
     kappa = (tr / (n - 1)) / lam_min
     route = ~usable | ~(kappa <= KAPPA_MAX) | ~torch.isfinite(gap)
-    err = _factor_errors(tr, lam_min, n, n, eps)
+    err = _factor_errors(tr, lam_min, n, n, eps, rounding)
     if bool(route.any()):
-        gap[route], err[route] = _full_rank_gaps_and_errors(project_out_ones(H[route]), eps)
+        gap[route], err[route] = _full_rank_gaps_and_errors(
+            project_out_ones(H[route]), eps, rounding
+        )
     return gap, err
 
 
@@ -261,17 +275,18 @@ def range_gaps(M: Tensor, rank: int, *, ones_in_null: bool = False) -> Tensor:
 
 
 def range_gaps_and_errors(
-    M: Tensor, rank: int, *, ones_in_null: bool = False, eps: float = EPS64
+    M: Tensor, rank: int, *, ones_in_null: bool = False, eps: float = EPS64, rounding: float = 0.0
 ) -> tuple[Tensor, Tensor]:
     """`range_gaps` and, for each, a bound on its absolute error from the route that computed
-    it (`_factor_errors`, `_svd_gaps_and_errors`) at unit roundoff eps: +∞ where λ_min is
+    it (`_factor_errors`, `_svd_gaps_and_errors`) at unit roundoff eps, with M's own entries
+    each rounded once at unit roundoff `rounding` (‖δM‖_F ≤ rounding·‖M‖_F): +∞ where λ_min is
     below what that precision resolves; NaN for a non-finite M."""
     out, errs = [], []
     step = _chunk_size(M.shape[1:], M.device)
     bordered = ones_in_null and M.shape[1] == M.shape[2] == rank + 1
     for chunk in M.split(step):
         if bordered:
-            g, e = _centred_square_gaps(chunk, eps)
+            g, e = _centred_square_gaps(chunk, eps, rounding)
             out.append(g)
             errs.append(e)
             continue
@@ -279,11 +294,11 @@ def range_gaps_and_errors(
             chunk = project_out_ones(chunk)
         m, c = chunk.shape[1:]
         if rank >= min(m, c):
-            g, e = _full_rank_gaps_and_errors(chunk if m <= c else chunk.mT, eps)
+            g, e = _full_rank_gaps_and_errors(chunk if m <= c else chunk.mT, eps, rounding)
         else:
             finite = _all_finite(chunk)
             safe = torch.where(finite[:, None, None], chunk, 0.0)
-            g, e = _svd_gaps_and_errors(safe, rank, eps)
+            g, e = _svd_gaps_and_errors(safe, rank, eps, rounding)
             g, e = torch.where(finite, g, math.nan), torch.where(finite, e, math.nan)
         out.append(g)
         errs.append(e)
@@ -389,10 +404,14 @@ def tap_gaps_and_errors(
     Zero rows and columns are dropped first (they add only zero eigenvalues, which the structure
     already counts); then one batched `range_gaps_and_errors` per distinct (structure, shape)
     and chunk. The error bound is relative, |computed − true| / gap: 0 for a structural +∞
-    (exact); for a regular Gram the route's bound at float64's unit roundoff, +∞ where λ_min is
-    beyond its resolution (and for a gap of 0, whose relative error has no bound); for a tap
-    whose structure is unknown (`Structure.known` False) the bound at the unit roundoff of the
-    tap's own dtype — the forward's rounding could be all that keeps such a Gram regular."""
+    (exact); for a regular Gram the route's bound at float64's unit roundoff plus what rounding
+    each entry of the tap once to its own dtype can do (‖δH‖_F ≤ u·‖H‖_F, u = 2⁻²⁴ for a
+    float32 tap: a float32 Gram is unresolved where σ_min ≤ ~u·‖H‖_F, whatever float64 does
+    after), +∞ where λ_min is beyond that resolution (and for a gap of 0, whose relative error
+    has no bound); for a tap whose structure is unknown (`Structure.known` False) the route's
+    bound at the unit roundoff of the tap's own dtype — the forward's rounding could be all that
+    keeps such a Gram regular. Neither covers the rounding the forward pass accumulated before
+    the tap (the precision check measures that: workers/precision.py)."""
     n = H[0].shape[0]
     gap = torch.empty(len(H), dtype=F64, device=H[0].device)
     rng = torch.empty_like(gap)
@@ -405,13 +424,17 @@ def tap_gaps_and_errors(
         if not whole[i]:
             trimmed[i] = H[i][rows[i]][:, cols[i]]
         shape = tuple(trimmed[i].shape) if i in trimmed else tuple(H[i].shape)
-        groups.setdefault((s, shape), []).append(i)
-    for (s, _), idx in groups.items():
+        groups.setdefault((s, shape, H[i].dtype), []).append(i)
+    for (s, _, dtype), idx in groups.items():
         where = torch.tensor(idx, device=gap.device)
         src = trimmed if idx[0] in trimmed else H
-        eps = EPS64 if s.known else max(EPS64, torch.finfo(H[idx[0]].dtype).eps / 2)
+        u = torch.finfo(dtype).eps / 2  # the tap's unit roundoff
+        eps = EPS64 if s.known else max(EPS64, u)
         M = _stacked(src, idx, F64)
-        parts = [range_gaps_and_errors(m, s.rank, ones_in_null=s.ones_in_null, eps=eps) for m in M]
+        parts = [
+            range_gaps_and_errors(m, s.rank, ones_in_null=s.ones_in_null, eps=eps, rounding=u)
+            for m in M
+        ]
         r = torch.cat([q[0] for q in parts])
         rng[where] = r
         if s.rank >= n:

@@ -88,7 +88,7 @@ def probe(
     names = tap_names(module, taps)
     params = dict(module.named_parameters())
     head = _head(params, head)
-    net = _ModuleNet(module, names, params, head)
+    net = _ModuleNet(module, names, params, head, mode=mode)
     wanted = set(net.weight_names())
     p = {k: v.detach().requires_grad_(k in wanted) for k, v in params.items()}
     if head == NO_HEAD:
@@ -182,6 +182,7 @@ class _ModuleNet:
     params: dict[str, Tensor]
     head_weight: str
     graph: Any = None  # (ModuleGraph, a function of x giving what the graph was traced on)
+    mode: str = "batch"  # the forward's ("eval": BatchNorm on its running statistics)
 
     kinds = ("output",)
 
@@ -207,7 +208,7 @@ class _ModuleNet:
         traced: dict[str, Structure] = {}
         if self.graph is not None:
             graph, prefix, flat = self.graph
-            got = graph.structures({f"{prefix}{k}": v for k, v in p.items()}, flat(x))
+            got = graph.structures({f"{prefix}{k}": v for k, v in p.items()}, flat(x), self.mode)
             traced = {t: got[f"{prefix}{t}"] for t in self.tap_names if f"{prefix}{t}" in got}
         return {"output": tap_structures(self.tap_names, traced, taps.layers["output"], fit)}
 

@@ -31,6 +31,7 @@ from workers import models, nn
 from workers.data import Dataset, load_dataset, normalize_inputs, subset
 from workers.jacobian import jacobian_singular_values
 from workers.metrics import probe_metrics
+from workers.precision import precision_check
 
 STREAMS = {"init": 0, "probe": 1, "shuffle": 2, "subset": 3, "epoch0": 4}
 EVAL_CHUNK = 4096  # samples per forward when batch composition cannot change the result
@@ -224,6 +225,9 @@ class Trial:
         if probe is None:
             probe = probe_metrics(self.net, self.params, self.state, *self.probe, spectra=spectra)
         rec.update(probe)
+        check = self.config.precision_check and self.config.dtype == "float32"
+        if epoch == 0 and check:  # float32 vs a float64 re-run: workers/precision.py
+            rec.update(precision_check(self.config, self.params, self.state, self.probe, probe))
         if self.config.jacobian_samples:  # σ(∂h_L(x_i)/∂x_i), i < k (workers/jacobian.py)
             rec["jacobian_singular_values"] = jacobian_singular_values(
                 self.net, self.params, self.state, self.probe[0], self.config.jacobian_samples

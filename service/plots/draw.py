@@ -35,6 +35,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullForm
 from matplotlib.transforms import ScaledTranslation, blended_transform_factory
 
 from service.plots.select import fmt_value, wants_log
+from service.plots.series import UNRESOLVED
 
 DPI = 110
 STEPS = [1, 2, 5, 10]  # tick steps on integer axes: 0, 5, 10 rather than 0, 8, 16
@@ -350,7 +351,25 @@ def draw_lines(
         if "lo" in s and np.isfinite(s["lo"]).any():
             ax.fill_between(x, s["lo"], s["hi"], color=c, alpha=0.2, lw=0, gid="band")
         pinned += pin_nonfinite(ax, x, m, c, ylog=ylog)
+        if "n_unresolved" in s and not dashed:
+            pinned["unresolved"] += mark_unresolved(ax, x, m, s["n_unresolved"].to_numpy(), c,
+                                                    shown)  # fmt: skip
     return pinned
+
+
+def mark_unresolved(
+    ax: Axes, x: np.ndarray, m: np.ndarray, n: np.ndarray, color, shown: np.ndarray
+) -> int:
+    """A hollow ring around each drawn point that has an unresolved seed (`n` > 0: its gap's
+    error bar ≥ UNRESOLVED or +∞; series.mark_unresolved); returns how many were marked."""
+    mask = (n > 0) & shown
+    if mask.any():
+        ax.plot(
+            x[mask], m[mask], linestyle="none", marker="o", ms=9, markerfacecolor="none",
+            markeredgecolor=color, markeredgewidth=1.3, gid="unresolved", label="_nolegend_",
+            zorder=4,
+        )  # fmt: skip
+    return int(mask.sum())
 
 
 def pin_nonfinite(ax: Axes, x: np.ndarray, m: np.ndarray, color, *, ylog: bool = False) -> Counter:
@@ -382,6 +401,13 @@ def finish_lines(
     if band:
         handles.append(Patch(color="0.6", alpha=0.4, label=f"{band} over seeds"))
     for kind, n in pinned.items():
+        if kind == "unresolved":
+            if n:
+                text = (f"unresolved (error bar ≥ {UNRESOLVED:.0%} or +∞ for a seed): "
+                        f"{n} point{'s' if n != 1 else ''}")  # fmt: skip
+                handles.append(Line2D([], [], linestyle="none", marker="o", ms=8, color="0.3",
+                                      markerfacecolor="none", label=text))  # fmt: skip
+            continue
         y, marker = PINS[kind]
         text = (
             f"{stat} {PIN_TEXT[kind]}: {n} point{'s' if n != 1 else ''} (at the {PIN_EDGE[kind]})"

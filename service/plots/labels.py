@@ -4,6 +4,7 @@ symbols."""
 from __future__ import annotations
 
 from service.config import METRICS
+from service.metric_names import PRECISION_CHECKED_LAYERS, PRECISION_PREFIX
 
 _GAP = "log(mean λ) − mean(log λ)"
 
@@ -50,6 +51,12 @@ for _kind, _what in {**_BASE_TAPS, **_TAPS}.items():  # docs/science.md, "Error 
     METRIC_LABELS[f"isometry_gap_error/{_kind}"] = (
         f"error bar of the {_what}'s isometry gap: a bound on its relative error"
     )
+for _metric, _text in list(METRIC_LABELS.items()):  # docs/science.md, "Precision"
+    if _metric in PRECISION_CHECKED_LAYERS:
+        _what = _text.split(":")[0].split(", log")[0]
+        METRIC_LABELS[PRECISION_PREFIX + _metric] = (
+            f"float32 vs float64: relative difference of {_what}"
+        )
 METRIC_LABELS = {m: text for m, text in METRIC_LABELS.items() if m in METRICS}  # recorded ones
 
 # Axis names of the non-metric dimensions (TrialConfig fields, epoch, layer).

@@ -4,6 +4,12 @@ These functions are the plots' numbers, testable without drawing. Seeds are pool
 service.plots.pooling (`stat`, `band`, `nonfinite`); here the defaults are the arithmetic
 mean, its 95% t-interval and non-finite values propagated (they stay in `mean` as what they
 are). The figures' defaults follow the field instead (service.plots.defaults.default_pooling).
+
+The lines of layer_profile, depth_scaling and training_curves (and the theory overlay's measured
+ones) carry `n_unresolved` per point: how many of its seeds' values of an `isometry_gap/<kind>`
+have an error bar (`isometry_gap_error/<kind>`, in the same frame) of at least UNRESOLVED or
++∞ — a gap that the Gram's conditioning and the working precision leave unresolved
+(docs/science.md, "Error bars"); 0 for other metrics and where the frame has no error rows.
 """
 
 from __future__ import annotations
@@ -33,6 +39,44 @@ from service.plots.select import (
 )
 
 MAX_EPOCH_LINES = 8  # a layer profile with more recorded epochs shows this many, evenly spaced
+# A gap whose error bar (a bound on its relative error) is at least this, or +∞, is unresolved.
+UNRESOLVED = 0.1
+ERROR_PREFIX, GAP_PREFIX = "isometry_gap_error/", "isometry_gap/"
+
+
+def error_metric(metric: str) -> str | None:
+    """The error bar's metric of an isometry gap (isometry_gap/<kind> → isometry_gap_error/<kind>);
+    None for every other metric."""
+    return ERROR_PREFIX + metric.removeprefix(GAP_PREFIX) if metric.startswith(GAP_PREFIX) else None
+
+
+def mark_unresolved(
+    lines: Lines, rows: pd.DataFrame, frame: pd.DataFrame, metric: str, keys: list[str], x: str
+) -> Lines:
+    """`lines` (pooled from `rows` by `keys` against `x`) with the column n_unresolved: per
+    point, how many of the rows pooled into it have an error bar ≥ UNRESOLVED or +∞ in `frame`
+    (matched by trial, epoch and layer; without a trial_id column, by every other column)."""
+    for s in lines.values():
+        s["n_unresolved"] = np.zeros(len(s), dtype=np.int64)
+    err = error_metric(metric)
+    errors = metric_rows(frame, err) if err is not None else frame.iloc[:0]
+    if errors.empty or not lines:
+        return lines
+    on = (["trial_id", "epoch", "layer"] if "trial_id" in rows.columns
+          else [c for c in rows.columns if c not in ("metric", "value")])  # fmt: skip
+    bars = errors[[*on, "value"]].rename(columns={"value": "error"})
+    joined = rows.merge(bars.drop_duplicates(subset=on, keep="last"), on=on, how="left")
+    flags = joined.drop(columns="error").assign(
+        value=(joined["error"].to_numpy("float64") >= UNRESOLVED).astype(np.float64)
+    )  # NaN (no bar) ≥ … is False; +∞ is True
+    pooled = seed_bands(flags, keys, x, Pooling("mean", "none", "propagate"))
+    for label, s in lines.items():
+        f = pooled.get(label)
+        if f is None:
+            continue
+        n = dict(zip(f["x"], np.rint(f["mean"] * f["count"]).astype(np.int64), strict=True))
+        s["n_unresolved"] = np.array([n.get(v, 0) for v in s["x"]], dtype=np.int64)
+    return lines
 
 
 def epoch_subset(epochs: np.ndarray, limit: int = MAX_EPOCH_LINES) -> np.ndarray:
@@ -79,7 +123,8 @@ def layer_profile_series(
     else:
         rows = select_epoch(rows, epoch)
         keys = line_keys(rows, group_by)
-    return seed_bands(rows, keys, "layer", pooling)
+    lines = seed_bands(rows, keys, "layer", pooling)
+    return mark_unresolved(lines, rows, frame, metric, keys, "layer")
 
 
 def _need_layers(rows: pd.DataFrame, metric: str) -> None:
@@ -109,7 +154,8 @@ def depth_scaling_series(
     check_numeric(rows, x, "x")
     _check_group(rows, group_by, x)
     rows = select_layer(select_epoch(rows, epoch), layer)
-    return seed_bands(rows, line_keys(rows, group_by, exclude=(x,)), x, pooling)
+    keys = line_keys(rows, group_by, exclude=(x,))
+    return mark_unresolved(seed_bands(rows, keys, x, pooling), rows, frame, metric, keys, x)
 
 
 def _check_group(rows: pd.DataFrame, group_by: str | None, x: str) -> None:
@@ -142,7 +188,9 @@ def training_curves_series(
         return Lines({}, [], False, pooling)
     _check_group(rows, group_by, "epoch")
     rows = select_layer(rows, layer)
-    return seed_bands(rows, line_keys(rows, group_by), "epoch", pooling)
+    keys = line_keys(rows, group_by)
+    lines = seed_bands(rows, keys, "epoch", pooling)
+    return mark_unresolved(lines, rows, frame, metric, keys, "epoch")
 
 
 @dataclass(frozen=True)

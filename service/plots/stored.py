@@ -38,6 +38,7 @@ from service.plots import (
 )
 from service.plots.defaults import default_axes
 from service.plots.select import check_choice, line_label, metric_rows, resolve_epoch
+from service.plots.series import error_metric
 from service.spec import determined_fields, swept_values_of
 
 if TYPE_CHECKING:  # the store imports SQLAlchemy; plots are drawn without it
@@ -112,7 +113,7 @@ def make_plot(
     depths = _sweep_depths(spec) if draws_one_layer(kind, x, group_by) else []
     frame = store.read_metrics(
         sweep_id,
-        metrics=metrics,
+        metrics=[*metrics, *error_bars_to_read(kind, metrics)],
         epoch=epochs_to_read(kind, epoch, x, group_by),
         layers=layers_to_read(kind, layer, x, group_by, depths),
         where=where,
@@ -143,6 +144,15 @@ def make_plot(
         xscale=xscale,
         yscale=yscale,
     )
+
+
+def error_bars_to_read(kind: str, metrics: list[str]) -> list[str]:
+    """The error bars of the isometry gaps a line plot draws (its unresolved points are marked:
+    service.plots.series.mark_unresolved)."""
+    if kind not in ("layer_profile", "depth_scaling", "training_curves", "theory_overlay"):
+        return []
+    bars = (error_metric(m) for m in metrics)
+    return [b for b in dict.fromkeys(bars) if b is not None and b not in metrics]
 
 
 def epochs_to_read(kind: str, epoch: EpochArg, x: str | None, group_by: str | None) -> Any:

@@ -121,7 +121,7 @@ def check_sweep_has(
     from service.models import layer_metrics
 
     # What decides a trial's metrics (service.models.layer_metrics) and its recorded epochs.
-    names = ("model", "norm", "mlp_ratio", "epochs", "record_every")
+    names = ("model", "norm", "mlp_ratio", "epochs", "record_every", "precision_check")
     keys = [getattr(SqlTrial, f) for f in names]
     kinds = s.execute(
         select(*keys, func.max(SqlTrial.depth)).where(SqlTrial.sweep_id == sweep_id).group_by(*keys)
@@ -129,7 +129,7 @@ def check_sweep_has(
     if not kinds:
         return
     configs = [
-        (TrialConfig.model_construct(**dict(zip(names, row[:5], strict=True))), int(row[5]))
+        (TrialConfig.model_construct(**dict(zip(names, row[:-1], strict=True))), int(row[-1]))
         for row in kinds
     ]
     if metrics:

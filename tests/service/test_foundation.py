@@ -80,6 +80,7 @@ OTHER_VALUE = {
     "input_norm": "unit_rms",
     "spectra": True,
     "jacobian_samples": 3,
+    "precision_check": True,
     "epoch0_train_samples": 200,
     "model": "resmlp",
     "residual_scale": 0.5,

@@ -73,6 +73,8 @@ SAME: list[tuple[str, dict[str, Any], Any]] = [
     ("activation", {**TRANSFORMER, "mlp_ratio": 0, "norm": "layer"}, "tanh"),
     ("activation_gain", {**TRANSFORMER, "mlp_ratio": 0, "norm": "layer"}, 2.0),
     ("gain_exponent", {**TRANSFORMER, "mlp_ratio": 0, "depth": 3}, 1.0),
+    # the precision check of a network that already runs in float64
+    ("precision_check", {**SMALL, "dtype": "float64"}, True),
 ]
 
 # The same fields where the condition fails: the records must differ.
@@ -101,6 +103,7 @@ DIFFERENT: list[tuple[str, dict[str, Any], Any]] = [
     ("gain_exponent", {**SMALL, "activation": "tanh", "activation_gain": 2.0}, 1.5),
     ("activation", {**TRANSFORMER, "norm": "layer"}, "tanh"),
     ("activation_gain", {**TRANSFORMER, "norm": "layer"}, 2.0),
+    ("precision_check", {**SMALL}, True),
 ]
 
 

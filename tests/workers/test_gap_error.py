@@ -111,20 +111,58 @@ def test_an_unknown_structure_is_judged_at_the_forwards_precision():
     assert torch.isfinite(err).all() and (err < 1e-2).all()  # regular: a float32-sized bar
 
 
-@pytest.mark.parametrize(
-    "model", ["mlp", "resmlp", "cnn", "transformer"]
-)  # every family's record carries it, with isometry_gap's layout
-def test_every_family_records_the_error_bar(model):
+def _family_record(model: str, n: int, *, norm: str, zero_sample: bool = False) -> tuple:
     cfg = TrialConfig(
-        model=model, dataset="digits", depth=3, width=16, batch_size=16, norm="batch",
+        model=model, dataset="digits", depth=3, width=16, batch_size=n, norm=norm,
         activation="tanh", epochs=0,
     )  # fmt: skip
     net = build(cfg)
     p = net.init_params(torch.Generator().manual_seed(0))
-    x = torch.randn(16, net.d_in, generator=torch.Generator().manual_seed(1))
-    rec = probe_metrics(net, p, net.init_state(), x, torch.arange(16) % 10)
+    x = torch.randn(n, net.d_in, generator=torch.Generator().manual_seed(1))
+    if zero_sample:
+        x[0] = 0  # no bias, no norm: a zero row at every tap of the conv net
+    return net, probe_metrics(net, p, net.init_state(), x, torch.arange(n) % 10)
+
+
+def test_a_float32_tap_is_judged_with_its_own_rounding():
+    """A tap stored in float32 has each entry rounded once (‖δH‖_F ≤ 2⁻²⁴‖H‖_F): where σ_min
+    is below that, no float64 factorization after can resolve it — +∞ — though the very same
+    numbers held as float64 get float64's finite bar. A well-conditioned float32 tap keeps a
+    finite bar of float32's size, which bounds the distance to the gap of the exact spectrum
+    the float32 numbers were rounded from."""
+    m = 16
+    for ratio, resolved in ((1e-24, False), (1e-4, True)):
+        s = spectrum(m, ratio, "geometric")
+        exact = torch.stack([with_spectrum(m, m, s, seed) for seed in range(3)])
+        H32 = exact.to(torch.float32)
+        gap, _, err = gaps.tap_gaps_and_errors(H32, [Structure(False, m)] * 3)
+        _, _, err64 = gaps.tap_gaps_and_errors(H32.to(F64), [Structure(False, m)] * 3)
+        assert torch.isfinite(gap).all() and torch.isfinite(err64).all()
+        if not resolved:
+            assert (err == math.inf).all()
+            continue
+        want = gap_from_eigenvalues(s**2)
+        assert (err < 1e-4).all() and (err > 10 * err64).all()
+        assert ((gap - want).abs() / want <= err).all()
+
+
+@pytest.mark.parametrize(
+    "model", ["mlp", "resmlp", "cnn", "transformer"]
+)  # every family's record carries it, with isometry_gap's layout
+def test_every_family_records_the_error_bar(model):
+    net, rec = _family_record(model, 16, norm="batch")
     for kind in net.kinds:
         gap, err = rec[f"isometry_gap/{kind}"], rec[f"isometry_gap_error/{kind}"]
         assert err.shape == gap.shape == (3,)
         assert (err[gap == math.inf] == 0).all()  # structural: exact
         assert (err[np.isfinite(gap)] > 0).all()
+    # a structural +∞ in every family: n = 24 > width 16 (the mlp's, resmlp's and the
+    # transformer's token-pooled taps have 16 features), or for the CNN, whose taps have
+    # 16·8·8 features, an exactly zero sample through a bias-free, norm-free net
+    net, rec = _family_record(model, 24, norm="none", zero_sample=model == "cnn")
+    infinite = 0
+    for kind in net.kinds:
+        gap, err = rec[f"isometry_gap/{kind}"], rec[f"isometry_gap_error/{kind}"]
+        infinite += int((gap == math.inf).sum())
+        assert (err[gap == math.inf] == 0).all()
+    assert infinite > 0

@@ -11,10 +11,16 @@ No tensor is copied from isosweep into the reference: the reference draws its ow
 (seeded torch init) and they are loaded INTO isosweep's parameters, so both compute on the same
 weights and batch. The reference gaps come from float64 SVDs of the reference's hidden states,
 the reference gradient norms from autograd through the reference modules.
+
+The isosweep configs are docs/papers.md's own YAML blocks (read from the page, so the page
+cannot drift from what is tested), plus what the page leaves to the experiment: depth, dataset
+and, for Joudaki et al., width and a batch below it.
 """
 
 import itertools
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,41 +28,48 @@ import torch
 import torch.nn.functional as F
 
 from service.config import TrialConfig
+from service.documents import load_yaml
 from workers import metrics, nn
 from workers.data import load_dataset
 from workers.train import Trial, generator
 
 DEPTH = 12
 F64 = torch.float64
+PAPERS = Path(__file__).resolve().parents[2] / "docs" / "papers.md"
 
-MEZ = dict(  # Meterez et al. 2024's network
-    depth=DEPTH,
-    width=100,
-    batch_size=100,
-    dataset="gaussian",
-    activation="tanh",
-    norm="batch",
-    order="norm_act",
-    init="orthogonal",
-    orthogonal_gain=False,  # torch.nn.init.orthogonal_ ignores the experiment's gain
-    bias=True,  # head_init unset: the head is initialized as every Linear (docs/papers.md)
-    bias_init="torch",
-    norm_eps=1e-5,
-)
-JOU = dict(  # Joudaki et al. 2023's network (batch < width: centred rows span d − 1 dimensions)
-    depth=DEPTH,
-    width=100,
-    batch_size=32,
-    dataset="gaussian",
-    activation="tanh",
-    norm="layer",
-    order="act_norm",
-    init="gaussian",
-    bias=True,
-    bias_init="torch",
-    norm_eps=0.0,
-    input_norm="unit_rms",
-)
+
+def documented(heading: str) -> dict:
+    """The `parameters` of the first YAML block under the docs/papers.md section whose heading
+    starts with `heading`, read as a spec is read (service.documents.load_yaml)."""
+    text = PAPERS.read_text()
+    section = re.search(rf"^## {re.escape(heading)}.*?(?=^## |\Z)", text, re.M | re.S)
+    assert section is not None, heading
+    block = re.search(r"^```yaml\n(.*?)^```", section.group(0), re.M | re.S)
+    assert block is not None, f"no YAML block under {heading!r}"
+    return dict(load_yaml(block.group(1))["parameters"])
+
+
+# Meterez et al. 2024's network as the page gives it (width = batch = 100, orthogonal_ for every
+# Linear, the head included: head_init unset)
+MEZ = {**documented("Meterez et al. 2024"), "depth": DEPTH, "dataset": "gaussian"}
+# Joudaki et al. 2023's (batch < width: centred rows span d − 1 dimensions); the page leaves
+# their uniform init out (not an isosweep init): the reference's weights are loaded in anyway
+JOU = {**documented("Joudaki et al. 2023"), "depth": DEPTH, "dataset": "gaussian", "width": 100,
+       "batch_size": 32}  # fmt: skip
+
+
+def test_the_page_gives_the_networks_the_references_build():
+    """What the reference modules below assume of the page's configs (a drift fails here)."""
+    assert {k: MEZ[k] for k in ("width", "batch_size", "norm", "order", "init")} == {
+        "width": 100, "batch_size": 100, "norm": "batch", "order": "norm_act",
+        "init": "orthogonal",
+    }  # fmt: skip
+    assert MEZ["orthogonal_gain"] is False and "head_init" not in MEZ  # the head like the rest
+    assert (MEZ["bias"], MEZ["bias_init"], MEZ["norm_eps"]) == (True, "torch", 1e-5)
+    assert (JOU["norm"], JOU["order"], JOU["norm_eps"], JOU["input_norm"]) == (
+        "layer", "act_norm", 0.0, "unit_rms",
+    )  # fmt: skip
+    assert (JOU["bias"], JOU["bias_init"]) == (True, "torch")
 
 
 class MeterezMLP(torch.nn.Module):
@@ -186,6 +199,22 @@ def test_their_fc_1_is_isosweeps_layer_2():
     fc_1 = float(torch.linalg.vector_norm(grads[1]))
     assert m["grad_norm"][1] == pytest.approx(fc_1, rel=1e-9)
     assert m["grad_norm"][0] != pytest.approx(fc_1, rel=1e-3)
+
+
+def test_a_xavier_head_inflates_the_first_blocks_gradient():
+    """The page's Meterez config initializes the head like every Linear (orthogonal_, rows of
+    norm 1); the xavier head an earlier page gave (N(0, 2/(100 + 10)): rows of norm² ≈ 1.8)
+    scales the backpropagated signal up — the audit measured grad_norm[0] × 1.21–1.52. The
+    direction, seed by seed, at isosweep's own init."""
+    ratios = []
+    for seed in range(3):
+        grads = []
+        for head in (None, "xavier"):
+            config = TrialConfig(**{**MEZ, "seed": seed, "epochs": 0, "head_init": head})
+            t = Trial(config)
+            grads.append(metrics.probe_metrics(t.net, t.params, t.state, *t.probe)["grad_norm"])
+        ratios.append(grads[1][0] / grads[0][0])
+    assert all(r > 1.05 for r in ratios), ratios
 
 
 def test_isosweeps_own_init_for_the_meterez_network():

@@ -1,19 +1,26 @@
 """Random registered modules against the truth (docs/models.md, "Structure"): random stacks of
 nn.Linear (bias or not, zero or not), nn.LayerNorm, nn.BatchNorm1d, nn.GroupNorm, activations
-and residual adds at random batch sizes n against widths d, measured in float64. The truth of
-each tap: its float64 singular values, singular where σ_min/σ_max < 1e-13 and regular where it
-is > 1e-9 (the few between are left out as ambiguous). A gap of +∞ on a regular Gram is a false
-+∞; a finite gap with a finite error bar on a singular Gram a false finite (a finite gap whose
-error bar is +∞ is not claimed as resolved).
+and residual adds at random batch sizes n against widths d, measured in float64 and float32.
+The truth of each tap: the float64 singular values of its float64 forward pass (the same
+parameters), singular where σ_min/σ_max < 1e-13 and regular where it is > 1e-9 (the few between
+are left out as ambiguous). A gap of +∞ on a regular Gram is a false +∞; a finite gap with a
+finite error bar on a singular Gram a false finite (a finite gap whose error bar is +∞ is not
+claimed as resolved: "flagged").
 
-Where the SVD is not the truth: a GroupNorm with one channel per group outputs exactly β (each
-group's value minus its own mean), but torch's fused kernel leaves rounding noise of ~1e-14
-there, which the SVD reads as regular; the tracker's +∞ is right by construction. Measured
-(586 taps of modules 0..299): before, 73 false finite and 0 false +∞ in float64 and in float32;
-after, 0 false finite in float64 (1 tap flagged unresolved: a LayerNorm over two features feeding
-a GroupNorm and a tanh, seed 168, singular to 1e-17 by the numbers, not by any rule) and 1 in
-float32 (the same tap: the forward's rounding hides it, and the bar covers only the
-factorization), and 2 "false +∞" that are the one-channel GroupNorms above (seeds 180, 238).
+The truth's forward pass computes GroupNorm in two passes (each group's mean, then the centred
+values), not with torch's fused kernel: a GroupNorm with one channel per group outputs exactly β
+(each value minus its own mean), but the fused kernel leaves ~1e-14 of rounding there, which an
+SVD reads as regular (seeds 180 and 238: `test_one_channel_groupnorms_are_infinite`).
+
+Seed 168 (a LayerNorm over two features, a bias-free Linear, a GroupNorm, then a residual tanh
+branch) is regular, not singular: its last tap's σ_min/σ_max is 3.3e-21 in exact arithmetic
+(mpmath, 80 digits; true gap 33.9) — beyond float64, whose SVD reads 4e-17, and far beyond
+float32, whose forward reads 1.3e-8 (gap 17.4). No structural rule applies; the error bar is +∞
+in both dtypes (in float32 since the bar counts the tap's own rounding: workers/gaps.py).
+
+Measured (modules 0..239, 468 taps, 1 of them ambiguous): before (every tap rank ≤ min(n,
+features)), 60 false finite and 0 false +∞ in either dtype; after, 0 false +∞ and 0 false finite
+in either dtype, 1 tap flagged (seed 168's) in each.
 
 `count(k)` gives the counts of the first k modules for the structure rule in force and for the
 rule before it (every tap treated as a non-linear map's output: rank ≤ min(n, features)).
@@ -120,6 +127,49 @@ def random_module(seed: int):
     return factory, n, depth
 
 
+def exact_group_norm(self: tnn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    """GroupNorm in two passes: a group of one channel gives exactly 0 before the affine map."""
+    n, c = x.shape[:2]
+    g = x.reshape(n, self.num_groups, -1)
+    centred = g - g.mean(dim=2, keepdim=True)
+    var = centred.square().mean(dim=2, keepdim=True)
+    y = (centred / torch.sqrt(var + self.eps)).reshape(x.shape)
+    if self.affine:
+        shape = (1, c) + (1,) * (x.ndim - 2)
+        y = y * self.weight.view(shape) + self.bias.view(shape)
+    return y
+
+
+def reference_taps(net, p: dict, x: torch.Tensor) -> list[torch.Tensor]:
+    """The float64 forward pass's taps (n, features), GroupNorm in two passes."""
+    forward = tnn.GroupNorm.forward
+    tnn.GroupNorm.forward = exact_group_norm  # type: ignore[method-assign]
+    try:
+        _, taps = net.forward(p, net.init_state(), x, "batch", taps=True)
+    finally:
+        tnn.GroupNorm.forward = forward  # type: ignore[method-assign]
+    return [t.detach().reshape(len(x), -1) for t in taps.layers["output"]]
+
+
+def measure(seed: int, dtype: str) -> tuple[list[str], dict, list[torch.Tensor]]:
+    """Module `seed` measured in `dtype`: each tap's truth, the record, its taps as computed."""
+    factory, n, depth = random_module(seed)
+    models._REGISTRY.clear()
+    models.register_model("rand", factory)
+    cfg = TrialConfig(model="rand", dataset="digits", depth=depth, batch_size=n, width=8,
+                      dtype=dtype)  # fmt: skip
+    net = build(cfg)
+    net64 = build(cfg.model_copy(update={"dtype": "float64"}))
+    p = net.init_params(torch.Generator().manual_seed(seed))
+    p64 = {key: v.to(torch.float64) for key, v in p.items()}
+    g = torch.Generator().manual_seed(seed + 10**6)
+    x = torch.randn(n, D_IN, generator=g, dtype=torch.float64)
+    rec = probe_metrics(net, p, net.init_state(), x.to(net.dtype), torch.arange(n) % 10)
+    _, taps = net.forward(p, net.init_state(), x.to(net.dtype), "batch", taps=True)
+    want = [truth(h) for h in reference_taps(net64, p64, x)]
+    return want, rec, [t.detach().reshape(n, -1) for t in taps.layers["output"]]
+
+
 def truth(h: torch.Tensor) -> str:
     n = h.shape[0]
     s = torch.linalg.svdvals(h)
@@ -140,25 +190,8 @@ def count(k: int, start: int = 0, dtype: str = "float64") -> dict[str, dict[str,
     try:
         models._loaded = True
         for seed in range(start, start + k):
-            factory, n, depth = random_module(seed)
-            models._REGISTRY.clear()
-            models.register_model("rand", factory)
-            cfg = TrialConfig(model="rand", dataset="digits", depth=depth, batch_size=n,
-                              width=8, dtype=dtype)  # fmt: skip
-            net = build(cfg)
-            net64 = build(cfg.model_copy(update={"dtype": "float64"}))
-            p = net.init_params(torch.Generator().manual_seed(seed))
-            p64 = {key: v.to(torch.float64) for key, v in p.items()}
-            g = torch.Generator().manual_seed(seed + 10**6)
-            x = torch.randn(n, D_IN, generator=g, dtype=torch.float64)
-            rec = probe_metrics(net, p, net.init_state(), x.to(net.dtype), torch.arange(n) % 10)
-            _, taps = net.forward(p, net.init_state(), x.to(net.dtype), "batch", taps=True)
-            _, taps64 = net64.forward(p64, net64.init_state(), x, "batch", taps=True)
-            for i, (t, t64) in enumerate(
-                zip(taps.layers["output"], taps64.layers["output"], strict=True)
-            ):
-                h = t.detach().reshape(n, -1)
-                want = truth(t64.detach().reshape(n, -1))
+            wants, rec, taps = measure(seed, dtype)
+            for i, (h, want) in enumerate(zip(taps, wants, strict=True)):
                 old = isometry_gap(h, refine(Structure(False, min(h.shape)), h))
                 new, err = rec["isometry_gap/output"][i], rec["isometry_gap_error/output"][i]
                 for rule, gap, bar in (("before", old, 0.0), ("after", new, err)):
@@ -177,15 +210,53 @@ def count(k: int, start: int = 0, dtype: str = "float64") -> dict[str, dict[str,
     return out
 
 
+@pytest.fixture
+def registry():
+    saved = dict(models._REGISTRY), models._loaded
+    models._loaded = True
+    yield models
+    models._REGISTRY.clear()
+    models._REGISTRY.update(saved[0])
+    models._loaded = saved[1]
+
+
 @pytest.mark.slow
-def test_random_registered_modules_have_no_false_infinity_and_no_confident_false_finite():
-    c = count(120)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_random_registered_modules_have_no_false_infinity_and_no_confident_false_finite(dtype):
+    c = count(240, dtype=dtype)  # seeds 0..239: 168, 180 and 238 among them
     assert c["after"]["false_inf"] == 0
     assert c["after"]["false_finite"] == 0
     assert c["before"]["false_finite"] > 0  # the old rule missed some (it fails there)
 
 
+@pytest.mark.parametrize("seed", [180, 238])
+def test_one_channel_groupnorms_are_infinite(registry, seed):
+    """GroupNorm(C, C) outputs exactly β, one row repeated: +∞ is right. The fused kernel's
+    output has ~1e-14 of rounding that an SVD reads as a regular Gram; the two-pass reference
+    gives the exact rows."""
+    for dtype in ("float64", "float32"):
+        wants, rec, taps = measure(seed, dtype)
+        last = taps[-1]
+        s = torch.linalg.svdvals(last.double())
+        assert float(s[-1] / s[0]) > 1e-3  # the SVD of the computed tap: "regular"
+        assert wants[-1] == "singular"  # the exact rows: rank ≤ 1
+        assert rec["isometry_gap/output"][-1] == math.inf
+        assert rec["isometry_gap_error/output"][-1] == 0
+
+
+def test_a_gram_beyond_float64_is_flagged_in_either_dtype(registry):
+    """Seed 168's last tap (module docstring): regular at σ_min/σ_max = 3.3e-21, beyond what a
+    float64 forward resolves; its gap reads 29.1 (float64) or 17.4 (float32) against a true
+    33.9, and the error bar says so: +∞ in both (float32's read 1e-8 before the bar counted the
+    tap's own rounding)."""
+    for dtype in ("float64", "float32"):
+        _, rec, _ = measure(168, dtype)
+        gap, err = rec["isometry_gap/output"][-1], rec["isometry_gap_error/output"][-1]
+        assert math.isfinite(gap)  # set by rounding (no float64 method resolves σ_min) …
+        assert err == math.inf  # … and not claimed as resolved
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_a_few_random_registered_modules(dtype):
+def test_a_few_random_registered_modules(registry, dtype):
     c = count(12, start=500, dtype=dtype)
     assert c["after"]["false_inf"] == 0 and c["after"]["false_finite"] == 0

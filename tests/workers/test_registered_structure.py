@@ -26,6 +26,7 @@ from workers.metrics import probe_metrics
 from workers.models import build
 
 D_IN, CLASSES = 64, 10  # digits
+F64 = torch.float64
 
 
 @pytest.fixture
@@ -298,3 +299,104 @@ def test_a_groupnorm_of_a_low_rank_input_has_at_most_groups_times_its_rank(regis
     _, rec, taps = measure(registry, blocks, n=6, d=16, depth=1)
     assert int(torch.linalg.matrix_rank(taps[0])) == 2
     assert rec["isometry_gap/output"][0] == math.inf
+
+
+def test_the_shipped_example_range_gap_is_that_of_the_non_zero_eigenvalues(registry, monkeypatch):
+    """wide_mlp at width = batch = 24: LayerNorm leaves rank d − 1 = 23, and the range gap is
+    the gap of G's 23 non-zero eigenvalues — the float64 SVD's, seed by seed. G's null vector
+    is H's left null vector, not 1 (LayerNorm centres features, not samples): the gap of 1⊥
+    (QᵀH, what a batch-centring rule would measure — the issue's "true" 1.48–1.74) differs by
+    0.1–0.6 on these seeds, so a wrong null space fails here."""
+    import sys
+    from pathlib import Path
+
+    from service.isometry import centred_basis
+
+    monkeypatch.syspath_prepend(
+        str(Path(__file__).resolve().parents[2] / "examples/registered_model")
+    )
+    monkeypatch.delitem(sys.modules, "wide_mlp", raising=False)
+    import wide_mlp  # noqa: F401  (registers "wide_mlp")
+
+    n = d = 24
+    Q = torch.from_numpy(centred_basis(n))
+    for seed in range(3):
+        cfg = TrialConfig(model="wide_mlp", dataset="digits", width=d, batch_size=n, depth=2,
+                          dtype="float64", seed=seed)  # fmt: skip
+        net = build(cfg)
+        p = net.init_params(torch.Generator().manual_seed(seed))
+        x = torch.randn(n, D_IN, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
+        rec = probe_metrics(net, p, net.init_state(), x, torch.arange(n) % CLASSES)
+        _, taps = net.forward(p, net.init_state(), x, "batch", taps=True)
+        for i, t in enumerate(taps.layers["output"]):
+            h = t.detach().reshape(n, -1)
+            s = torch.linalg.svdvals(h)
+            assert float(s[d - 1] / s[0]) < 1e-14  # rank d − 1 (the truth)
+            want = gap_from_eigenvalues(s[: d - 1].square().numpy())
+            got = rec["range_isometry_gap/output"][i]
+            assert got == pytest.approx(want, rel=1e-9)
+            sp = torch.linalg.svdvals(Q.T @ h)[: d - 1]
+            projected = gap_from_eigenvalues(sp.square().numpy())
+            assert abs(got - projected) > 0.05
+    sys.modules.pop("wide_mlp", None)
+
+
+class _Eval(tnn.Module):
+    """Linear → BatchNorm1d (taps "0", "1") → a head: what `isosweep.probe` measures."""
+
+    def __init__(self, d: int, mean: float, shift: bool) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.body = tnn.Sequential(tnn.Linear(d, d, bias=False), tnn.BatchNorm1d(d))
+        self.head = tnn.Linear(d, CLASSES)
+        bn = self.body[1]
+        with torch.no_grad():
+            bn.running_mean.copy_(mean * torch.randn(d, generator=g))
+            bn.running_var.copy_(torch.rand(d, generator=g) + 0.5)
+            if shift:
+                bn.bias.copy_(torch.randn(d, generator=g))
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_probe_in_eval_mode_follows_the_running_statistics(dtype):
+    """In eval mode BatchNorm is H·D + 1cᵀ per feature (running statistics, c = β − μ·D): the
+    rank is kept. With non-trivial running statistics a regular Linear output stays regular —
+    the gap is the SVD's, finite (the batch-centring rule read +∞ with error 0 here); with
+    μ = β = 0 (c = 0) a batch-centred input would stay centred, and in batch mode the same
+    module reads +∞ (centred over the batch, β = 0)."""
+    from workers.probe import probe
+
+    n = d = 8
+    m = _Eval(d, mean=1.0, shift=False).to(dtype)
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    rec = probe(m, x, taps=["body.0", "body.1"], mode="eval", metrics=False)
+    with torch.no_grad():
+        h = m.body.eval()(x).double()  # the tap as the forward computed it
+    s = torch.linalg.svdvals(h)
+    assert float(s[-1] / s[0]) > 1e-3  # the truth: regular
+    gap, err = rec["isometry_gap/output"][1], rec["isometry_gap_error/output"][1]
+    want = gap_from_eigenvalues(s.square().numpy())
+    assert math.isfinite(gap) and 0 < err < 1e-3
+    assert abs(gap - want) <= err * want
+    m.train()
+    batch = probe(m, x, taps=["body.0", "body.1"], mode="batch", metrics=False)
+    assert batch["isometry_gap/output"][1] == math.inf
+
+
+def test_probe_in_eval_mode_keeps_a_rank_deficit():
+    """Linear(d → 3 → d) → BatchNorm1d in eval mode: rank 3 (+1 for a non-zero shift c) < n:
+    +∞ either way — the running-statistics rule keeps the rank, it does not reset it."""
+    from workers.probe import probe
+
+    n, d = 8, 16
+    for mean in (0.0, 1.0):
+        m = tnn.Sequential(tnn.Linear(d, 3, bias=False), tnn.Linear(3, d, bias=False),
+                           tnn.BatchNorm1d(d), tnn.Linear(d, CLASSES))  # fmt: skip
+        with torch.no_grad():
+            m[2].running_mean.fill_(mean)
+        x = torch.randn(n, d, generator=torch.Generator().manual_seed(2))
+        rec = probe(m, x, taps=["2"], mode="eval", metrics=False)
+        assert rec["isometry_gap/output"][0] == math.inf

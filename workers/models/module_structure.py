@@ -4,8 +4,10 @@ applied to its torch.nn layers.
 
 `ModuleGraph.of(module, taps, d_in)` traces the module once (torch.fx `symbolic_trace` with a
 tracer that marks where each tapped submodule's output is), records each node's features from
-a shape propagation of a 2-sample batch, and `ModuleGraph.structures(p, x)` follows a
-`Structure` through the nodes for the probe batch x and the trial's parameter values p. Where
+a shape propagation of a 2-sample batch, and `ModuleGraph.structures(p, x, mode)` follows a
+`Structure` through the nodes for the probe batch x, the trial's parameter values p and the
+mode the forward ran in ("batch": normalization layers on the batch's statistics, as a trial's
+probe; "eval": eval mode, BatchNorm on its running statistics, dropout off). Where
 the whole module cannot be traced (Python control flow on values, say), each tapped submodule
 is traced on its own, its input treated as unknown. Per node:
 
@@ -15,9 +17,13 @@ is traced on its own, its input treated as unknown. Per node:
 - nn.LayerNorm over all features: rank ≤ min(rank, d − 1) (+ 1 for β ≠ 0), over the last k of
   them (tokens): ≤ (d/k)·min(k − 1, rank) (+ 1); nn.GroupNorm(G): ≤ G·min(d/G − 1, rank)
   (+ 1), G = 1 keeping the rank;
-- nn.BatchNorm1d/2d/3d (the probe uses the batch's statistics): on (n, C) it centres every
-  feature over the batch, rank ≤ min(rank, n − 1) with 1 in the null space if β = 0 (else
-  rank + 1); on (n, C, …) the mean is over the batch and positions, rank + 1;
+- nn.BatchNorm1d/2d/3d on the batch's statistics (mode "batch", or a BatchNorm without running
+  statistics): on (n, C) it centres every feature over the batch, rank ≤ min(rank, n − 1) with
+  1 in the null space if β = 0 (else rank + 1); on (n, C, …) the mean is over the batch and
+  positions, rank + 1. On its running statistics (mode "eval") it is the affine map
+  H·D + 1cᵀ per feature, D = γ/√(var + ε), c = β − μ·D: the rank kept, 1 kept in the null
+  space where c = 0, else rank + 1;
+- nn.Dropout in mode "eval": the identity;
 - nn.Identity, nn.Flatten, reshapes that keep the batch axis, a product with a number: as the
   input; a non-linear element-wise activation (nn.ReLU, nn.GELU, torch.tanh, …) ends every
   forced dependence, rank ≤ min(n, d), as the families assume;
@@ -203,19 +209,27 @@ class ModuleGraph:
                     graphs.append(g)
         return cls(graphs, taps)
 
-    def structures(self, p: dict[str, Tensor], x: Tensor) -> dict[str, Structure]:
-        """The Structure of each traced tap's output for the probe batch x (n, d_in) and the
-        parameter values p (named as the module's named_parameters); untraced taps absent."""
+    def structures(
+        self, p: dict[str, Tensor], x: Tensor, mode: str = "batch"
+    ) -> dict[str, Structure]:
+        """The Structure of each traced tap's output for the probe batch x (n, d_in), the
+        parameter values p (named as the module's named_parameters; buffers too where p has
+        them, else the module's own) and the forward's mode ("batch" or "eval"); untraced taps
+        absent."""
         out: dict[str, Structure] = {}
         for g in self.graphs:
-            s = _propagate(g, p, x)
+            s = _propagate(g, p, x, mode == "eval")
             for t, node in g.tap_nodes.items():
                 if node in s:
                     out[t] = s[node]
         return out
 
 
-def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Structure]:
+def _propagate(
+    g: _Traced, p: dict[str, Tensor], x: Tensor, running: bool = False
+) -> dict[fx.Node, Structure]:
+    """Each node's Structure; `running`: the forward ran in eval mode (BatchNorm on its running
+    statistics, dropout the identity)."""
     n = x.shape[0]
     s: dict[Any, Structure] = {}  # fx nodes, and ("core", node): a norm's output with β = 0
     origin: dict[fx.Node, tuple[Any, bool]] = {}
@@ -235,6 +249,15 @@ def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Str
             return None
         return torch.ones(1)
 
+    def buffer(qual: str, name: str) -> Tensor | None:
+        """A layer's buffer (running statistics): p's value where p names it, else the
+        module's own (what an eval-mode forward of the module itself reads)."""
+        key = f"{g.prefix}{qual[1:]}.{name}" if g.prefix else f"{qual}.{name}"
+        return p[key] if key in p else getattr(g.root.get_submodule(qual), name, None)
+
+    def rule_of(m: tnn.Module, qual: str, src: Structure | None, f: int, par: Any) -> Any:
+        return _module_rule(m, qual, src, n, f, par, buffer if running else None)
+
     for node in g.graph.nodes:
         f = g.features.get(node)
         if node.op == "output":
@@ -250,12 +273,12 @@ def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Str
         rule: Structure | None = None
         if node.op == "call_module":
             m = g.root.get_submodule(str(node.target))
-            rule = _module_rule(m, str(node.target), src, n, f, param)
+            rule = rule_of(m, str(node.target), src, f, param)
         elif node.op in ("call_function", "call_method"):
             rule = _function_rule(node, s, n, f)
         s[node] = rule if rule is not None else full(node, False)
         candidates: list[tuple[Any, bool]] = []  # on a tie the earliest origin wins
-        o = _affine_origin(node, g, origin, param)
+        o = _affine_origin(node, g, origin, param, buffer if running else None)
         if o is not None and o[0] in s:
             candidates.append(o)
         if node.op == "call_module" and rule is not None and src is not None:
@@ -267,7 +290,7 @@ def _propagate(g: _Traced, p: dict[str, Tensor], x: Tensor) -> dict[fx.Node, Str
                 def no_shift(q: str, name: str) -> Tensor | None:
                     return None if name == "bias" else param(q, name)
 
-                core = _module_rule(m, str(node.target), src, n, f, no_shift)
+                core = rule_of(m, str(node.target), src, f, no_shift)
                 if core is not None:
                     s[("core", node)] = core
                     candidates.append((("core", node), True))
@@ -301,6 +324,7 @@ def _affine_origin(
     g: _Traced,
     origin: dict[fx.Node, tuple[Any, bool]],
     param: Callable[[str, str], Tensor | None],
+    buffer: Callable[[str, str], Tensor | None] | None = None,
 ) -> tuple[Any, bool] | None:
     """(o, c) where the node's output is A·H_o + c·1vᵀ for an earlier node o — what a Linear, a
     BatchNorm (H D − 1μᵀD + 1βᵀ: a constant row), a reshape, a scaling and an add of two such
@@ -315,8 +339,9 @@ def _affine_origin(
         if isinstance(m, tnn.Linear):
             return o, c or not _is_zero(param(str(node.target), "bias"))
         if isinstance(m, tnn.modules.batchnorm._BatchNorm):
-            return o, True
-        if isinstance(m, tnn.Identity | tnn.Flatten):
+            shift = _running_shift(m, str(node.target), param, buffer)
+            return o, c or shift is None or not _is_zero(shift)
+        if isinstance(m, tnn.Identity | tnn.Flatten) or _off(m, buffer):
             return o, c
         return None
     if node.op not in ("call_function", "call_method"):
@@ -342,6 +367,32 @@ def _affine_origin(
     return None
 
 
+def _off(m: tnn.Module, buffer: Callable | None) -> bool:
+    """A dropout layer in eval mode (`buffer` given): the identity."""
+    return buffer is not None and isinstance(m, tnn.Dropout | tnn.AlphaDropout)
+
+
+def _running_shift(
+    m: tnn.Module,
+    qual: str,
+    param: Callable[[str, str], Tensor | None],
+    buffer: Callable[[str, str], Tensor | None] | None,
+) -> Tensor | None:
+    """c = β − μ·γ/√(var + ε) of a BatchNorm on its running statistics (eval mode: `buffer`
+    given), the constant row of H·D + 1cᵀ; None where it uses the batch's statistics."""
+    if buffer is None:
+        return None
+    mean, var = buffer(qual, "running_mean"), buffer(qual, "running_var")
+    if mean is None or var is None:  # track_running_stats=False: batch statistics in eval too
+        return None
+    gamma, beta = param(qual, "weight"), param(qual, "bias")
+    scale = torch.rsqrt(var.detach().to(torch.float64) + m.eps)  # type: ignore[operator]
+    if gamma is not None:
+        scale = scale * gamma.detach().to(torch.float64)
+    shift = -mean.detach().to(torch.float64) * scale
+    return shift if beta is None else shift + beta.detach().to(torch.float64)
+
+
 def _module_rule(
     m: tnn.Module,
     qual: str,
@@ -349,10 +400,14 @@ def _module_rule(
     n: int,
     f: int,
     param: Callable[[str, str], Tensor | None],
+    buffer: Callable[[str, str], Tensor | None] | None = None,
 ) -> Structure | None:
+    """The Structure of m's output from its input's (`src`); `buffer` given: eval mode."""
     if hasattr(m, DECLARED):
         ones, rank = getattr(m, DECLARED)(n, f)
         return Structure(bool(ones), max(0, min(int(rank), n, f)))
+    if _off(m, buffer):
+        return src
     if isinstance(m, _ACTIVATIONS):
         return Structure(False, min(n, f))
     if src is None:
@@ -378,6 +433,11 @@ def _module_rule(
         r = m.num_groups * min(f // m.num_groups - 1, src.rank)
         return Structure(False, min(n, f, r + int(not beta0)), src.known)
     if isinstance(m, tnn.modules.batchnorm._BatchNorm):
+        shift = _running_shift(m, qual, param, buffer)
+        if shift is not None:  # eval mode: H·D + 1cᵀ, an affine map per feature
+            if _is_zero(shift):
+                return Structure(src.ones_in_null, min(src.rank, f), src.known)
+            return Structure(False, min(src.rank + 1, n, f), src.known)
         if f == m.num_features:  # (n, C): every feature centred over the batch
             r = min(src.rank, n - 1, f)
             if beta0:
