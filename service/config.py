@@ -287,9 +287,40 @@ def pydantic_to_invalid(
 
 def config_hash(config: TrialConfig) -> str:
     """Canonical hash of a trial: its full resolved config plus the measurement version."""
-    payload = {"config": config.to_dict(), "measurement_version": MEASUREMENT_VERSION}
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hash_of_text(config_text(config.to_dict()))
+
+
+def config_text(values: dict[str, Any]) -> str:
+    """A config's canonical JSON (keys sorted, no spaces): what config_hash hashes and the
+    store keeps, serialized once."""
+    return json.dumps(values, sort_keys=True, separators=(",", ":"))
+
+
+def hash_of_text(text: str) -> str:
+    """config_hash of the config whose config_text is `text`: the SHA-256 of the canonical JSON
+    of {"config": …, "measurement_version": …}, spliced rather than serialized again."""
+    return hashlib.sha256(f'{{"config":{text},{_VERSION_TEXT}}}'.encode()).hexdigest()
+
+
+_VERSION_TEXT = f'"measurement_version":{json.dumps(MEASUREMENT_VERSION)}'
+
+
+_SEED_MARK = -7_306_514_227_093  # no seed (0 ≤ seed < 2**31) nor plausible parameter
+
+
+def seeded_texts(config: TrialConfig, seeds: Iterable[int]) -> Iterable[tuple[int, str]]:
+    """config_text of `config` at each seed, serializing it once: the seed's digits are spliced
+    into one text (a 100,000-seed sweep serializes one config, not 100,000)."""
+    values = config.to_dict()
+    values["seed"] = _SEED_MARK
+    text = config_text(values)
+    if text.count(str(_SEED_MARK)) != 1:  # the mark also in a model parameter: the plain way
+        for seed in seeds:
+            yield seed, config_text({**values, "seed": seed})
+        return
+    head, tail = text.split(f'"seed":{_SEED_MARK}')
+    for seed in seeds:
+        yield seed, f'{head}"seed":{seed}{tail}'
 
 
 def tokens_of(config: TrialConfig) -> tuple[int, int]:

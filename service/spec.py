@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterable, Mapping
 from functools import cache, lru_cache
 from pathlib import Path
-from typing import Annotated, Any, get_origin
+from typing import Annotated, Any, NamedTuple, get_origin
 
 from pydantic import (
     BaseModel,
@@ -84,8 +84,8 @@ class SweepSpec(BaseModel):
     """One sweep: parameters (lists are axes, scalars fixed) × seeds, plus how to run it."""
 
     model_config = ConfigDict(extra="forbid")
-    # the trials of `expand`, computed once (a 100,000-trial expansion takes seconds)
-    _expanded: list[TrialConfig] | None = PrivateAttr(default=None)
+    # the trials of `expand` as (config, its seeds), computed once: expand_groups
+    _groups: list[TrialGroup] | None = PrivateAttr(default=None)
 
     name: str = Field(min_length=1, max_length=200)
     description: str | None = None
@@ -300,6 +300,13 @@ def _check_epochs(spec: SweepSpec) -> None:
                 f"layer {stop.layer} is deeper than some trial ({low['depth']} blocks)",
                 field="early_stop.layer",
             )
+        if stop.synchronous and spec.adaptive:
+            raise InvalidInput(
+                "synchronous halving decides a rung once every trial has reached it, and a tpe "
+                "search asks its trials as others finish: drop `synchronous` (or use a random "
+                "or sobol search)",
+                field="early_stop.synchronous",
+            )
     search = spec.search
     if isinstance(search, TpeSearch):
         if isinstance(search.epoch, int) and search.epoch > low["epochs"]:
@@ -495,11 +502,12 @@ def _env_name(setting: str) -> str:
     return f"ISOSWEEP_{setting.upper()}"
 
 
-def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialConfig]:
+def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialGroup]:
     """Reject a spec that would overload the machine: too many trials, too deep, too wide, too big.
 
     Returns:
-        The expanded trials (see expand), which the check needs anyway.
+        The expanded trials as groups that differ by their seed alone (expand_groups), which the
+        check needs anyway.
 
     Raises:
         LimitExceeded: names the field, the limit and the setting that raises it.
@@ -528,15 +536,15 @@ def check_limits(spec: SweepSpec, settings: Settings) -> list[TrialConfig]:
         else:
             top = max(value) if isinstance(value, list) else value
         _check_limit(name, setting, top, settings)
-    trials = expand(spec)
-    corners = trials or _corners(spec)
+    groups = expand_groups(spec)
+    corners = [g.config for g in groups] or _corners(spec)  # the seed changes none of these
     for name, setting in FIELD_LIMITS:
         if name in derived:
             _check_limit(name, setting, max(getattr(t, name) for t in corners), settings)
     if derived and (spec.early_stop is not None or spec.adaptive):
         _check_epochs_of(spec, corners)
     _check_memory(corners, settings)
-    return trials
+    return groups
 
 
 def _check_limit(name: str, setting: str, top: Any, settings: Settings) -> None:
@@ -606,27 +614,54 @@ def expand(spec: SweepSpec) -> list[TrialConfig]:
     Raises:
         InvalidInput: some combination of values is not a valid TrialConfig (field `parameters`).
     """
-    if spec._expanded is not None:  # parse_spec expanded it already (check_limits)
-        return list(spec._expanded)
+    return [
+        c if s == c.seed else c.model_copy(update={"seed": s})
+        for c, seeds in expand_groups(spec)
+        for s in seeds
+    ]
+
+
+class TrialGroup(NamedTuple):
+    """Trials that differ by their seed alone: `config` (validated, with the first seed) and the
+    seeds, in expansion order."""
+
+    config: TrialConfig
+    seeds: tuple[int, ...]
+
+
+def expand_groups(spec: SweepSpec) -> list[TrialGroup]:
+    """`expand` as groups of trials that differ by their seed alone, computed once per spec.
+
+    The seed changes no other field's validity or reset (service.field_effects has no rule on
+    it), so one validation per grid point stands for all of its seeds — unless a derived field
+    reads the seed, when every trial is validated (a group of one each). Equal configs are
+    dropped as in `expand`: two points whose first-seed configs are equal are equal at every
+    seed, since every point takes the same seeds.
+    """
+    if spec._groups is not None:  # parse_spec expanded it already (check_limits)
+        return spec._groups
     if spec.adaptive:  # asked as the search goes (service/search/tpe.py)
-        spec._expanded = []
+        spec._groups = []
         return []
     search = spec.search
     draws = sampling.draw(spec.sampled, search) if isinstance(search, Search) else [{}]
-    trials: dict[TrialConfig, None] = {}  # insertion-ordered set: the first of equal configs
-    for cell, draw, seed in itertools.product(spec.cells(), draws, spec.seed_list):
+    seeds = tuple(spec.seed_list)
+    per_trial = any("seed" in e.names for e in spec.derived.values())
+    inner: list[tuple[int, ...]] = [(s,) for s in seeds] if per_trial else [seeds]
+    found: dict[TrialConfig, tuple[int, ...]] = {}  # insertion-ordered: the first of equals
+    for cell, draw, group in itertools.product(spec.cells(), draws, inner):
         point = {**cell, **draw}
-        values = spec.resolve({**point, "seed": seed})  # its errors name the trial themselves
+        values = spec.resolve({**point, "seed": group[0]})  # its errors name the trial
         try:
-            trials.setdefault(parse_trial_config(values))
+            found.setdefault(parse_trial_config(values), group)
         except InvalidInput as exc:
             at = ", ".join(f"{k}={v!r}" for k, v in point.items())
             raise InvalidInput(
                 f"{exc.message}" + (f" (in the trial with {at})" if at else ""),
                 field="parameters",
             ) from None
-    spec._expanded = list(trials)
-    return list(trials)
+    spec._groups = [TrialGroup(c, group) for c, group in found.items()]
+    return spec._groups
 
 
 def swept_fields(spec: SweepSpec) -> list[str]:

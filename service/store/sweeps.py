@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -9,15 +10,15 @@ from datetime import timedelta
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Table, and_, func, insert, literal, or_, select, update
+from sqlalchemy import JSON, Table, and_, func, insert, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from service import cost
-from service.config import CONFIG_FIELDS, TrialConfig, config_hash
+from service.config import CONFIG_FIELDS, TrialConfig, hash_of_text, seeded_texts
 from service.datasets import check_datasets
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound
 from service.settings import Settings
-from service.spec import SweepSpec, check_limits
+from service.spec import SweepSpec, TrialGroup, check_limits
 from service.status import SweepStatus, TrialStatus
 from service.store.models import (
     SWEEP_STATUSES,
@@ -70,12 +71,10 @@ def create_sweep(s: Session, spec: SweepSpec, settings: Settings) -> SweepInfo:
     s.add(sweep)
     s.flush()  # assigns sweep.id
     _remember_totals(s, sweep, own)
+    for t in trials:
+        _set_source(t, sweep.id, reuse.get(t["config_hash"]), now)
     for k in range(0, len(trials), INSERT_ROWS):  # in expansion order: ids follow the index
-        rows = [
-            _with_source(t, sweep.id, reuse.get(t["config_hash"]), now)
-            for t in trials[k : k + INSERT_ROWS]
-        ]
-        insert_many(s, SqlTrial.__table__, rows)  # type: ignore[arg-type]
+        insert_many(s, SqlTrial.__table__, trials[k : k + INSERT_ROWS])  # type: ignore[arg-type]
     return sweep_infos(s, [sweep])[0]
 
 
@@ -208,23 +207,12 @@ def append_trials(
     w = get_sweep_row(s, sweep_id, lock=True)
     top = s.scalar(select(func.max(SqlTrial.index)).where(SqlTrial.sweep_id == sweep_id))
     start = -1 if top is None else int(top)
-    rows = [
-        {
-            "index": start + 1 + k,
-            "config": c.to_dict(),
-            "config_hash": config_hash(c),
-            "status": TrialStatus.QUEUED.value,
-            "attempts": 0,
-            "epochs_done": 0,
-            "epochs_total": c.n_recorded_epochs,
-            **{f: getattr(c, f) for f in CONFIG_FIELDS},
-        }
-        for k, c in enumerate(configs)
-    ]
+    rows = _rows([TrialGroup(c, (c.seed,)) for c in configs], start=start + 1)
     reuse = {} if rerun else _reusable(s, [r["config_hash"] for r in rows])
     now = utcnow()
-    new = [_with_source(r, w.id, reuse.get(r["config_hash"]), now) for r in rows]
-    insert_many(s, SqlTrial.__table__, new)  # type: ignore[arg-type]
+    for r in rows:
+        _set_source(r, w.id, reuse.get(r["config_hash"]), now)
+    insert_many(s, SqlTrial.__table__, rows)  # type: ignore[arg-type]
     q = (
         select(SqlTrial)
         .where(SqlTrial.sweep_id == sweep_id, SqlTrial.index > start)
@@ -249,12 +237,17 @@ def planned_trials(spec: dict[str, Any]) -> int | None:
     return int(search["n"]) * cells * (seeds if isinstance(seeds, int) else len(seeds))
 
 
+class JsonText(str):
+    """A JSON column's value serialized already (service.config.config_text): insert_many binds
+    the text as it is instead of serializing the value again."""
+
+
 def insert_many(s: Session, table: Table, rows: list[dict[str, Any]]) -> None:
     """Insert rows that share one key set with the DBAPI's executemany. Each value goes through
     its column type's own bind processor, as a Core insert would do it (but None is SQL NULL,
-    JSON columns included), in one plain loop: SQLAlchemy's per-row parameter processing is most
-    of a bulk insert's time (100,000 trial rows: ~9 s through `insert(SqlTrial)`, ~2 s here;
-    bench/lazy_sweep.py)."""
+    JSON columns included, and a JsonText is bound as the text it is), in one plain loop:
+    SQLAlchemy's per-row parameter processing is most of a bulk insert's time (100,000 trial
+    rows: ~9 s through `insert(SqlTrial)`, ~2 s here; bench/lazy_sweep.py)."""
     if not rows:
         return
     conn = s.connection()
@@ -262,12 +255,12 @@ def insert_many(s: Session, table: Table, rows: list[dict[str, Any]]) -> None:
     compiled = insert(table).compile(dialect=dialect, column_keys=list(rows[0]))
     keys = list(compiled.positiontup or ()) if compiled.positional else list(rows[0])
     if set(keys) != set(rows[0]):  # bind names that are not the column keys: the plain way
-        s.execute(insert(table), rows)
+        s.execute(insert(table), [_plain(r) for r in rows])
         return
     processors = [
-        (i, p)
+        (i, _binder(table.c[key].type, dialect))
         for i, key in enumerate(keys)
-        if (p := table.c[key].type.dialect_impl(dialect).bind_processor(dialect)) is not None
+        if table.c[key].type.dialect_impl(dialect).bind_processor(dialect) is not None
     ]
     values = itemgetter(*keys)
     params: list[Any] = []
@@ -280,33 +273,90 @@ def insert_many(s: Session, table: Table, rows: list[dict[str, Any]]) -> None:
     conn.exec_driver_sql(compiled.string, params)
 
 
+def _binder(sql_type: Any, dialect: Any) -> Any:
+    """The column's bind processor; for a JSON column, one that binds a JsonText as its text
+    (on PostgreSQL as psycopg's Json wrapper with the text as its own serialization)."""
+    process = sql_type.dialect_impl(dialect).bind_processor(dialect)
+    if not isinstance(sql_type, JSON):
+        return process
+    if dialect.name == "postgresql":
+        from psycopg.types.json import Json
+
+        def as_text(v: str) -> Any:
+            return Json(v, dumps=str)
+    else:
+        as_text = str
+
+    def bind(v: Any) -> Any:
+        return as_text(v) if type(v) is JsonText else process(v)
+
+    return bind
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """A row for SQLAlchemy's own insert: JsonText values parsed back into documents."""
+    return {k: json.loads(v) if type(v) is JsonText else v for k, v in row.items()}
+
+
+# Every trial row has these keys (one statement for a whole batch); a reused trial sets them.
+_NEW_TRIAL = {
+    "status": TrialStatus.QUEUED.value,
+    "attempts": 0,
+    "epochs_done": 0,
+    "sweep_id": None,
+    "results_from": None,
+    "finished_at": None,
+    "last_epoch": None,
+    "diverged_epoch": None,
+    "summary": None,
+}
+# Config columns whose values are documents (model_params): serialized once per group.
+_JSON_FIELDS = tuple(f for f in CONFIG_FIELDS if isinstance(SqlTrial.__table__.c[f].type, JSON))
+
+
 def trial_rows(spec: SweepSpec, settings: Settings) -> list[dict[str, Any]]:
-    """The trials' rows (without sweep_id) in expansion order, in time independent of the
-    epochs: the records a full run writes are counted, not listed (n_recorded_epochs).
+    """The trials' rows (sweep_id unset) in expansion order, in time independent of the epochs
+    (the records a full run writes are counted, not listed: n_recorded_epochs) and near that of
+    writing them: one validation and one serialization per group of trials that differ by their
+    seed alone (service.spec.expand_groups, service.config.seeded_texts).
 
     Raises:
         LimitExceeded, InvalidInput: as service.spec.check_limits.
     """
-    rows = []
-    for i, c in enumerate(check_limits(spec, settings)):
-        if c.model == "external":  # isosweep.Monitor's trials (service/store/external.py)
+    groups = check_limits(spec, settings)
+    for g in groups:
+        if g.config.model == "external":  # isosweep.Monitor's trials (service/store/external.py)
             raise InvalidInput(
                 "model 'external' is recorded by the user's own training loop "
                 "(isosweep.Monitor, docs/own-loop.md); a sweep isosweep runs cannot use it",
                 field="parameters.model",
             )
-        rows.append(
-            {
-                "index": i,
-                "config": c.to_dict(),
-                "config_hash": config_hash(c),
-                "status": TrialStatus.QUEUED.value,
-                "attempts": 0,
-                "epochs_done": 0,
-                "epochs_total": c.n_recorded_epochs,
-                **{f: getattr(c, f) for f in CONFIG_FIELDS},
-            }
-        )
+    return _rows(groups, start=0)
+
+
+def _rows(groups: Sequence[TrialGroup], *, start: int) -> list[dict[str, Any]]:
+    """The rows of these trials at indices start, start + 1, …: the config, its hash and its
+    columns, as a new queued trial."""
+    rows = []
+    index = start
+    for c, seeds in groups:
+        base = {
+            **_NEW_TRIAL,
+            "epochs_total": c.n_recorded_epochs,
+            **{f: getattr(c, f) for f in CONFIG_FIELDS},
+            **{f: JsonText(json.dumps(getattr(c, f))) for f in _JSON_FIELDS},
+        }
+        for seed, text in seeded_texts(c, seeds):
+            rows.append(
+                {
+                    **base,
+                    "index": index,
+                    "seed": seed,
+                    "config": JsonText(text),
+                    "config_hash": hash_of_text(text),
+                }
+            )
+            index += 1
     return rows
 
 
@@ -325,15 +375,9 @@ def _reusable(s: Session, hashes: list[str]) -> dict[str, SqlTrial]:
     return found
 
 
-def _with_source(
-    trial: dict[str, Any], sweep_id: int, src: SqlTrial | None, now: Any
-) -> dict[str, Any]:
-    row = {
-        **trial,
-        "sweep_id": sweep_id,
-        **dict.fromkeys(("results_from", "finished_at", "last_epoch", "diverged_epoch")),
-        "summary": None,
-    }  # every row the same keys: one statement for a whole batch
+def _set_source(row: dict[str, Any], sweep_id: int, src: SqlTrial | None, now: Any) -> None:
+    """Put the row in its sweep; a trial reusing `src`'s stored results is created finished."""
+    row["sweep_id"] = sweep_id
     if src is not None:  # created finished, reading the original's results
         row.update(
             status=src.status,
@@ -344,7 +388,6 @@ def _with_source(
             diverged_epoch=src.diverged_epoch,
             summary=src.summary,
         )
-    return row
 
 
 def get_sweep_row(s: Session, sweep_id: int, *, lock: bool = False) -> SqlSweep:
