@@ -130,8 +130,9 @@ METRIC_ROW_SCHEMA = {
     "type": "object",
     "title": "MetricRow",
     "description": "One tidy row: trial_id, the sweep's swept config fields, epoch, metric, layer "
-    "(null for a scalar metric) and value; pooled over seeds (aggregate=true), mean, std, ci95, "
-    "count and n_finite instead of trial_id, seed and value; compared, sweep_id and sweep (its "
+    "(null for a scalar metric) and value; pooled over seeds (aggregate=true), mean (then "
+    "geomean or median with that stat), std, ci95, count and n_finite instead of trial_id, seed "
+    "and value; compared, sweep_id and sweep (its "
     "label). Which keys a row has depends on the sweep and the query: `columns` lists them.",
     "properties": {
         "trial_id": INT_SCHEMA,
@@ -143,6 +144,8 @@ METRIC_ROW_SCHEMA = {
         "layer": {"anyOf": [INT_SCHEMA, {"type": "null"}], "description": "ℓ ≥ 1; null: scalar"},
         "value": REAL_SCHEMA,
         "mean": REAL_SCHEMA,
+        "geomean": {**REAL_SCHEMA, "description": "with stat=geomean: exp of the mean log"},
+        "median": {**REAL_SCHEMA, "description": "with stat=median"},
         "std": REAL_SCHEMA,
         "ci95": REAL_SCHEMA,
         "count": {**INT_SCHEMA, "description": "seeds pooled"},

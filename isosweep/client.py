@@ -346,9 +346,11 @@ def metrics_query(
     layer: int | Iterable[int] | None = None,
     where: Mapping[str, Any] | None = None,
     aggregate: bool = False,
+    stat: str | None = None,
 ) -> RowsQuery:
     """GET /sweeps/{id}/metrics: a sweep's tidy rows (arguments as `Client.metrics`)."""
-    params = _params(where, metric=metric, epoch=epoch, layer=layer, aggregate=aggregate)
+    params = _params(where, metric=metric, epoch=epoch, layer=layer, aggregate=aggregate,
+                     stat=stat)  # fmt: skip
     return RowsQuery(f"/sweeps/{sweep_id}/metrics", params, METRICS_PAGE_ROWS)
 
 
@@ -360,10 +362,11 @@ def compare_query(
     layer: int | Iterable[int] | None = None,
     where: Mapping[str, Any] | None = None,
     aggregate: bool = False,
+    stat: str | None = None,
 ) -> RowsQuery:
     """GET /compare/metrics: several sweeps' tidy rows (arguments as `Client.compare`)."""
     params = _params(where, sweep=list(sweeps), metric=metric, epoch=epoch, layer=layer,
-                     aggregate=aggregate)  # fmt: skip
+                     aggregate=aggregate, stat=stat)  # fmt: skip
     return RowsQuery("/compare/metrics", params, METRICS_PAGE_ROWS)
 
 
@@ -648,18 +651,20 @@ class Client:
         layer: int | Iterable[int] | None = None,
         where: Mapping[str, Any] | None = None,
         aggregate: bool = False,
+        stat: str | None = None,
     ) -> pd.DataFrame:
         """The sweep's tidy rows (docs/api.md, "Metrics"), every page of them: trial_id, the
         swept config fields, epoch, metric, layer (NaN for scalar metrics), value; with
-        `aggregate`, pooled over seeds: mean, std, ci95, count, n_finite. `epoch` may be
-        "last" (each trial's highest stored epoch). Values are floats, NaN and ±inf included.
+        `aggregate`, pooled over seeds: mean, std, ci95, count, n_finite, and with `stat`
+        "geomean" or "median" a column of that name. `epoch` may be "last" (each trial's
+        highest stored epoch). Values are floats, NaN and ±inf included.
 
         Raises:
             ApiError: an unknown metric, field or value (named in .field), or a query over the
                 server's ISOSWEEP_MAX_POINTS (narrow it with metric, epoch, layer or where).
         """
         return self.frame(metrics_query(sweep_id, metric=metric, epoch=epoch, layer=layer,
-                                        where=where, aggregate=aggregate))  # fmt: skip
+                                        where=where, aggregate=aggregate, stat=stat))  # fmt: skip
 
     def plot(
         self,
@@ -696,6 +701,7 @@ class Client:
         layer: int | Iterable[int] | None = None,
         where: Mapping[str, Any] | None = None,
         aggregate: bool = False,
+        stat: str | None = None,
     ) -> pd.DataFrame:
         """Several sweeps' tidy rows in one frame (docs/api.md, "Comparing sweeps"): sweep_id,
         sweep (the label: "sweep 3 (norm=batch)", the spec parameters that differ between
@@ -707,7 +713,7 @@ class Client:
                 layer a sweep does not have names the sweep).
         """
         return self.frame(compare_query(sweeps, metric=metric, epoch=epoch, layer=layer,
-                                        where=where, aggregate=aggregate))  # fmt: skip
+                                        where=where, aggregate=aggregate, stat=stat))  # fmt: skip
 
     def compare_plot(
         self,

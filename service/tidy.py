@@ -7,19 +7,41 @@ import numpy as np
 import pandas as pd
 from scipy.special import stdtrit  # the t quantile; scipy.stats costs ~0.4 s to import
 
+from service.errors import InvalidInput
+
 AGGREGATE_COLUMNS = ("mean", "std", "ci95", "count", "n_finite")
+STATS = ("mean", "geomean", "median")  # the pooled value: as the plots' `stat` (docs/api.md)
 
 
-def aggregate_over_seeds(frame: pd.DataFrame) -> pd.DataFrame:
-    """Pool the seeds of each configuration: mean, std (ddof=1), ci95, count and n_finite.
+def check_stat(stat: str, aggregate: bool) -> None:
+    """`stat` names the pooled value of an aggregate read.
+
+    Raises:
+        InvalidInput: field `stat`: not one of STATS, or asked of raw rows (no aggregate).
+    """
+    if stat not in STATS:
+        raise InvalidInput(f"stat {stat!r} is not one of {', '.join(STATS)}", field="stat")
+    if stat != "mean" and not aggregate:
+        raise InvalidInput(
+            f"stat={stat} pools the seeds: add aggregate=true (raw rows have no statistic)",
+            field="stat",
+        )
+
+
+def aggregate_over_seeds(frame: pd.DataFrame, stat: str = "mean") -> pd.DataFrame:
+    """Pool the seeds of each configuration: mean, std (ddof=1), ci95, count and n_finite, and
+    with stat "geomean" or "median" a column of that name after `mean`.
 
     `ci95` is the half-width of the 95% Student-t interval, t_{0.975, n−1}·std/√n (NaN for n < 2).
     Non-finite values take part as what they are: one +inf seed makes the mean +inf, one NaN
-    makes it NaN; `n_finite` says how many seeds were finite.
+    makes it NaN (and the median, which orders ±inf like numbers); `n_finite` says how many seeds
+    were finite. The geometric mean is exp(mean ln v): 0 where a seed is 0, NaN where one is
+    negative (no logarithm) — as the plots pool (service.plots.pooling).
     """
     keys = [c for c in frame.columns if c not in ("trial_id", "seed", "value")]
+    extra = [stat] if stat != "mean" else []
     if frame.empty:
-        return pd.DataFrame(columns=[*keys, *AGGREGATE_COLUMNS])
+        return pd.DataFrame(columns=[*keys, *AGGREGATE_COLUMNS[:1], *extra, *AGGREGATE_COLUMNS[1:]])
     groups = frame.groupby(keys, dropna=False, sort=True)
     g = groups.ngroup().to_numpy()  # (rows,) group index, in the order of groups.size()
     v = frame["value"].to_numpy("float64")
@@ -34,4 +56,10 @@ def aggregate_over_seeds(frame: pd.DataFrame) -> pd.DataFrame:
     out = groups.size().reset_index()[keys]
     out["mean"], out["std"], out["ci95"], out["count"] = mean, std, t * std / np.sqrt(n), n
     out["n_finite"] = np.bincount(g, weights=np.isfinite(v)).astype("int64")
+    if stat == "median":
+        out.insert(len(keys) + 1, "median", groups["value"].median(skipna=False).to_numpy())
+    elif stat == "geomean":
+        with np.errstate(invalid="ignore", divide="ignore"):
+            logs = pd.Series(np.log(v), index=frame.index).groupby(g).mean(skipna=False)
+        out.insert(len(keys) + 1, "geomean", np.exp(logs.to_numpy()))
     return out

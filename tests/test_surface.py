@@ -424,8 +424,8 @@ def test_metrics_pooled_over_seeds_equal_the_raw_rows(surface, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_metrics_pooled_under_each_stat(surface, name):
-    """`stat` on the metrics route: answered (geomean = exp mean ln v, median checked against
-    the raw rows) or a 422 naming `stat`; never a 5xx."""
+    """`stat` on the metrics route: answered, the pooled column checked against the raw rows
+    (geomean = exp mean ln v, median); never a refusal, never a 5xx."""
     found: list[str] = []
     raw = frame(surface, name)
     raw = raw[(raw.metric == "test_acc") & (raw.epoch == 0)]
@@ -436,12 +436,14 @@ def test_metrics_pooled_under_each_stat(surface, name):
         )
         if r is None:
             continue
-        if r.status_code == 422:
-            if error_of(r)["field"] != "stat":
-                found.append(f"stat={stat}: a 422 not naming stat: {r.text}")
+        if r.status_code != 200:
+            found.append(f"stat={stat}: {r.status_code} {r.text[:300]}")
             continue
         body = r.json()
-        got = sorted(num(row.get(stat, row.get("mean"))) for row in body["data"])
+        if stat not in body["columns"]:
+            found.append(f"stat={stat}: no {stat} column in {body['columns']}")
+            continue
+        got = sorted(num(row[stat]) for row in body["data"])
         keys = [c for c in body["columns"] if c not in (*AGGREGATES, stat, "value")]
         pool = {
             "mean": np.mean,

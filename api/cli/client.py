@@ -137,7 +137,8 @@ def register(subparsers) -> None:
         parents=[common],
         help="a sweep's metrics: table, CSV or JSON",
         description="Tidy rows (trial_id, swept config fields, epoch, metric, layer, value) of a "
-        "sweep, or with --aggregate mean, std, ci95, count and n_finite over seeds. NaN and ±inf "
+        "sweep, or with --aggregate mean (and --stat's geomean or median), std, ci95, count and "
+        "n_finite over seeds. NaN and ±inf "
         "are values (CSV: NaN, Infinity, -Infinity).",
     )
     p.add_argument("sweep", type=int, metavar="SWEEP")
@@ -146,6 +147,8 @@ def register(subparsers) -> None:
     p.add_argument("--layer", action="append", type=int, metavar="L", help="a layer ℓ ≥ 1")
     p.add_argument("--where", action="append", metavar="K=V", help="config filter (repeatable)")
     p.add_argument("--aggregate", action="store_true", help="mean and 95%% CI over seeds")
+    p.add_argument("--stat", choices=("mean", "geomean", "median"), help="with --aggregate: "
+                   "also this pooled value (a geomean or median column)")  # fmt: skip
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV (every row) instead of a table")
     fmt.add_argument("--json", action="store_true", help="JSON {data, count, columns}")
@@ -284,7 +287,8 @@ def results(args: argparse.Namespace) -> int:
 def row_filters(args: argparse.Namespace) -> dict[str, Any]:
     """The metrics routes' filters from results' and compare's options."""
     return {"metric": args.metric, "epoch": args.epoch, "layer": args.layer,
-            "where": filters(args.where), "aggregate": args.aggregate}  # fmt: skip
+            "where": filters(args.where), "aggregate": args.aggregate,
+            "stat": args.stat}  # fmt: skip
 
 
 def table_or_file(args: argparse.Namespace, query: RowsQuery) -> int:

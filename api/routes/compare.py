@@ -28,6 +28,7 @@ from api.routes.deps import (
     EpochText,
     MetricName,
     Offset,
+    PooledStat,
     StoreDep,
     frozen,
     parse_epoch,
@@ -95,6 +96,7 @@ async def compare_metrics(
     aggregate: Annotated[
         bool, Query(description="pool seeds per sweep: mean, std, ci95, count")
     ] = False,
+    stat: PooledStat = "mean",
     format: Annotated[
         Literal["json", "csv", "parquet"], Query(description="json, csv or parquet")
     ] = "json",
@@ -107,14 +109,14 @@ async def compare_metrics(
     if format == "json":
         limit = _json_limit(limit)
     versions, final = await _versions(store, ids)
-    asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate)
+    asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate, stat)
     key = ("compare-metrics", tuple(ids), versions, asked)
 
     def read() -> pd.DataFrame:
         try:
             frame = compare_frame(
                 store, ids, metrics=metric, epoch=epochs, layers=layer, where=filters,
-                aggregate=aggregate,
+                aggregate=aggregate, stat=stat,
             )  # fmt: skip
         except LimitExceeded as exc:
             raise _narrow(exc) from None

@@ -148,6 +148,14 @@ EpochQuery = Annotated[
     Query(description="recorded epochs (repeatable), or `last`: each trial's highest epoch"),
 ]
 
+PooledStat = Annotated[
+    Literal["mean", "geomean", "median"],
+    Query(
+        description="with aggregate: the pooled value besides the mean — geomean (exp of the "
+        "mean log) or median, as a column of that name (service.tidy.aggregate_over_seeds)"
+    ),
+]
+
 
 def parse_epochs(values: list[str] | None) -> list[int] | str | None:
     """`["last"]` → "last"; `["0", "10"]` → [0, 10]; None → None (every epoch)."""

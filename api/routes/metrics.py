@@ -26,6 +26,7 @@ from api.routes.deps import (
     EpochQuery,
     MetricName,
     Offset,
+    PooledStat,
     StoreDep,
     SweepId,
     frozen,
@@ -72,6 +73,7 @@ async def read_metrics(
     epoch: EpochQuery = None,
     layer: Annotated[list[Layer] | None, Query(description="layers ℓ ≥ 1 (repeatable)")] = None,
     aggregate: Annotated[bool, Query(description="pool seeds: mean, std, ci95, count")] = False,
+    stat: PooledStat = "mean",
     format: Annotated[
         Literal["json", "csv", "parquet"], Query(description="json, csv or parquet")
     ] = "json",
@@ -89,7 +91,7 @@ async def read_metrics(
     if format == "json":
         limit = _json_limit(limit)
     version = sweep_version(await run_in_threadpool(store.get_sweep, sweep_id))
-    asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate)
+    asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate, stat)
     key = ("metrics", sweep_id, version, asked)  # one store (and one cache) per app
 
     def read() -> pd.DataFrame:
@@ -101,6 +103,7 @@ async def read_metrics(
                 layers=layer,
                 where=filters,
                 aggregate=aggregate,
+                stat=stat,
             )
         except LimitExceeded as exc:
             raise _narrow(exc) from None

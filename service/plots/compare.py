@@ -38,6 +38,7 @@ from service.plots.defaults import default_metric_of
 from service.plots.select import check_choice, fmt_value
 from service.plots.stored import EpochArg, epochs_to_read, layers_to_read
 from service.spec import swept_fields_of
+from service.tidy import aggregate_over_seeds, check_stat
 
 if TYPE_CHECKING:  # the store imports SQLAlchemy; this module's plots are drawn without it
     from service.store import Store
@@ -110,11 +111,13 @@ def compare_frame(
     layers: int | list[int] | None = None,
     where: dict[str, Any] | None = None,
     aggregate: bool = False,
+    stat: str = "mean",
 ) -> pd.DataFrame:
     """The tidy frames of the sweeps, stacked: sweep_id, sweep (the label, sweep_labels; an
     ordered categorical in the order given), trial_id, the config fields swept in any of them,
     epoch, metric, layer, value. With `aggregate`, pooled over seeds per sweep as
-    Store.read_metrics(aggregate=True) pools (mean, std, ci95, count, n_finite).
+    Store.read_metrics(aggregate=True, stat=…) pools (mean, std, ci95, count, n_finite, and
+    the `stat` column for geomean or median).
 
     Raises:
         NotFound: a sweep that does not exist.
@@ -123,6 +126,7 @@ def compare_frame(
         LimitExceeded: a sweep's read over Settings.max_points.
     """
     ids = check_sweep_ids(sweep_ids)
+    check_stat(stat, aggregate)
     specs = {sid: store.get_sweep(sid).spec for sid in ids}
     labels = sweep_labels(specs)
     fields = list(dict.fromkeys(f for sid in ids for f in swept_fields_of(specs[sid])))
@@ -143,11 +147,7 @@ def compare_frame(
         out[c] = out[c].infer_objects() if out[c].dtype == object else out[c]
     out["sweep"] = pd.Categorical(out["sweep"], categories=[labels[s] for s in ids], ordered=True)
     out["sweep_id"] = out["sweep_id"].astype("int64")
-    if aggregate:
-        from service.tidy import aggregate_over_seeds
-
-        return aggregate_over_seeds(out)
-    return out
+    return aggregate_over_seeds(out, stat) if aggregate else out
 
 
 def _with_config_columns(

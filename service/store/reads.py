@@ -23,7 +23,7 @@ from service.store import codec
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
 from service.store.sweeps import get_sweep_row
 from service.store.trials import get_trial_row, where_conditions
-from service.tidy import aggregate_over_seeds
+from service.tidy import aggregate_over_seeds, check_stat
 
 EpochFilter = int | list[int] | str | None
 
@@ -71,7 +71,9 @@ def read_metrics(
     where: dict[str, Any] | None,
     aggregate: bool,
     max_points: int,
+    stat: str = "mean",
 ) -> pd.DataFrame:
+    check_stat(stat, aggregate)
     sweep = get_sweep_row(s, sweep_id)
     fields = swept_fields_of(sweep.spec)  # the stored spec was validated when it was written
     names = check_metrics(metrics)
@@ -94,7 +96,7 @@ def read_metrics(
         ).order_by(SqlMetric.trial_id, SqlMetric.metric, SqlMetric.epoch)
     ).all()
     frame = _tidy(rows, trials, fields, layer_list)
-    return aggregate_over_seeds(frame) if aggregate else frame
+    return aggregate_over_seeds(frame, stat) if aggregate else frame
 
 
 def check_sweep_has(

@@ -378,6 +378,7 @@ class Store:
         layers: int | list[int] | None = None,
         where: dict[str, Any] | None = None,
         aggregate: bool = False,
+        stat: str = "mean",
         max_points: int | None = None,
     ) -> pd.DataFrame:
         """The tidy frame (docs/architecture.md): trial_id, the sweep's swept fields, epoch,
@@ -389,6 +390,7 @@ class Store:
             layers: layer indices ℓ ≥ 1 kept for per-layer metrics (scalars are unaffected).
             where: config filters, as in list_trials.
             aggregate: pool seeds with service.tidy.aggregate_over_seeds.
+            stat: with aggregate, "geomean" or "median" adds that column (service.tidy.STATS).
             max_points: the most values the query may return (default settings.max_points).
 
         Raises:
@@ -407,6 +409,7 @@ class Store:
                 layers=layers,
                 where=where,
                 aggregate=aggregate,
+                stat=stat,
                 max_points=bound,
             )
 

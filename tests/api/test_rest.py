@@ -516,3 +516,23 @@ def test_healthz_with_a_small_page_size_counts_every_running_sweep(start_api, mo
     assert h["ray"]["running_sweeps"] == 2  # the total, though one page lists one sweep
     assert len(h["ray"]["runners"]) == 1 and "2 running sweep(s)" in h["ray"]["detail"]
     assert start_api(max_page_size=50).get("/healthz").json()["status"] == "ok"
+
+
+def test_metrics_pooled_by_geomean_and_median_equal_the_raw_rows(api):
+    s = submit(api, spec(depth=[2, 3], seeds=3, epochs=0))
+    fill(api, s["id"])
+    base = f"/sweeps/{s['id']}/metrics"
+    raw = frame_of(api.get(base, params={"metric": "grad_norm"}).json())
+    for stat, pool in (
+        ("median", np.median),
+        ("geomean", lambda v: float(np.exp(np.mean(np.log(v))))),
+    ):
+        params = {"metric": "grad_norm", "aggregate": "true", "stat": stat}
+        agg = frame_of(api.get(base, params=params).json())
+        assert stat in agg.columns
+        for _, row in agg.iterrows():
+            same = raw[(raw["depth"] == row["depth"]) & (raw["layer"] == row["layer"])]
+            assert row[stat] == pytest.approx(pool(same["value"].astype(float)), rel=1e-12)
+    for params in ({"stat": "median"}, {"stat": "mode", "aggregate": "true"}):
+        r = api.get(base, params=params)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "stat", r.text

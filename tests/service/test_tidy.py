@@ -101,3 +101,37 @@ def test_importing_tidy_does_not_import_scipy_stats():
     code = "import sys, service.tidy; print('scipy.stats' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_geomean_and_median_columns_pool_each_configuration():
+    """stat=geomean: exp(mean ln v) (the mean a log axis shows: 1, 4, 16 → 4); stat=median:
+    the middle seed; 0 makes the geomean 0, a negative seed NaN (no log), NaN propagates."""
+    frame = _frame(
+        {2: [1.0, 4.0, 16.0], 4: [0.0, 2.0, 8.0], 8: [-1.0, 2.0, 3.0], 16: [1.0, np.nan, 2.0]}
+    )
+    geo = aggregate_over_seeds(frame, "geomean").set_index("depth")
+    med = aggregate_over_seeds(frame, "median").set_index("depth")
+    assert list(geo.columns[-6:]) == ["mean", "geomean", "std", "ci95", "count", "n_finite"]
+    assert geo.loc[2, "geomean"] == pytest.approx(4.0, rel=1e-15)
+    assert geo.loc[4, "geomean"] == 0.0
+    assert math.isnan(geo.loc[8, "geomean"]) and math.isnan(geo.loc[16, "geomean"])
+    assert (
+        med.loc[2, "median"] == 4.0 and med.loc[4, "median"] == 2.0 and med.loc[8, "median"] == 2.0
+    )
+    assert math.isnan(med.loc[16, "median"])
+    assert list(aggregate_over_seeds(frame, "mean").columns[-5:]) == [
+        "mean", "std", "ci95", "count", "n_finite"
+    ]  # fmt: skip
+    assert list(aggregate_over_seeds(frame.iloc[:0], "median").columns)[-6:-4] == ["mean", "median"]
+
+
+def test_the_pooled_statistic_is_checked_by_name():
+    from service.errors import InvalidInput
+    from service.tidy import check_stat
+
+    for stat, aggregate in (("mode", True), ("median", False)):
+        with pytest.raises(InvalidInput) as info:
+            check_stat(stat, aggregate)
+        assert info.value.field == "stat"
+    check_stat("mean", False)
+    check_stat("geomean", True)
