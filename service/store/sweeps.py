@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from operator import itemgetter
 from typing import Any
@@ -279,13 +279,12 @@ def _binder(sql_type: Any, dialect: Any) -> Any:
     process = sql_type.dialect_impl(dialect).bind_processor(dialect)
     if not isinstance(sql_type, JSON):
         return process
+    as_text: Callable[[str], Any] = str
     if dialect.name == "postgresql":
         from psycopg.types.json import Json
 
         def as_text(v: str) -> Any:
             return Json(v, dumps=str)
-    else:
-        as_text = str
 
     def bind(v: Any) -> Any:
         return as_text(v) if type(v) is JsonText else process(v)
