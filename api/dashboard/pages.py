@@ -1,12 +1,13 @@
 """The dashboard's pages, rendered on the server from the store (Jinja2, autoescaped), with a
-small script (static/dashboard.js) that polls the JSON API while something runs and swaps the
+small script (static/dashboard.js) that draws the plots as interactive charts from their JSON
+(static/charts.js, the vendored uPlot), polls the JSON API while something runs and swaps the
 changed parts of the page in place. Nothing is loaded from another host (see CSP below).
 
     /                 sweeps: status, trial counts, progress, ETA
     /sweeps/{id}      one sweep: header, plots, downloads, trials table (filter, sort, pages)
     /trials/{id}      one trial: config, last epoch's metrics, its plots
     /compare?sweep=3&sweep=4   several sweeps: their labels, one figure, the CSV
-    /static/…         dashboard.css, dashboard.js
+    /static/…         dashboard.css, dashboard.js, charts.js, uPlot (uPlot.VERSION)
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
         plot=plot,
         plot_src=v.plot_url(sweep.id, plot, table.where),
         plot_png=v.plot_url(sweep.id, plot, table.where, fmt="png"),
+        plot_chart=v.chart_url(v.plot_url, plot["kind"], sweep.id, plot, table.where),
         quick=[
             (k, v.url(path, table.params() | v.default_plot(k, swept, sweep.spec)))
             for k in v.sweep_kinds(sweep.spec)
@@ -279,6 +281,7 @@ def compare_page(request: Request) -> HTMLResponse:
         group_by=["epoch", *swept],
         plot_src=v.compare_plot_url(ids, plot),
         plot_png=v.compare_plot_url(ids, plot, fmt="png"),
+        plot_chart=v.chart_url(v.compare_plot_url, plot["kind"], ids, plot),
         downloads=links,
     )
 
@@ -297,6 +300,7 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
         {
             "src": v.plot_url(sweep.id, p, trial=trial.id),
             "full": v.plot_url(sweep.id, p, trial=trial.id, fmt="png"),
+            "chart": v.chart_url(v.plot_url, p["kind"], sweep.id, p, trial=trial.id),
             "alt": f"{p.get('metric', 'training curves')} of trial {trial.id}",
         }
         for p in trial_plots(recorded, trial.config, stored_finite(store, trial.id))

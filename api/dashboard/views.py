@@ -36,6 +36,9 @@ PLOT_TAKES: dict[str, tuple[str, ...]] = {
     for kind, takes in {**PLOT_PARAMETERS, **SEARCH_PARAMETERS}.items()
 }
 ALL_PLOT_KINDS = (*PLOT_KINDS, *SEARCH_PLOT_KINDS)  # service/plots/search.py: a search's
+# The kinds a page draws in the browser from their JSON (static/charts.js); a heatmap stays the
+# API's image (a line-chart library draws no colour grid as well as matplotlib does).
+CHART_KINDS = frozenset(ALL_PLOT_KINDS) - {"heatmap"}
 PLOT_OPTIONS = ("metric", "x", "group_by", "epoch", "layer", "stat", "yscale")
 
 
@@ -320,20 +323,17 @@ def default_plot(kind: str | None, swept: Mapping[str, list[Any]], spec: Mapping
 
 
 def overlay_metric(spec: Mapping[str, Any]) -> str | None:
-    """The gap a theory overlay of the sweep draws: one the mean-field theory predicts (the
-    Grams of service.plots.stored.STAGE_OF: isometry_gap/linear, norm, act — the only metrics
-    the route takes for this kind) that every shape of the sweep records. The route's default
-    (service.plots.defaults) where it is one of them; for a range gap (n > d) its gap; else the
-    first such gap recorded; None for a family the theory does not cover (a transformer, a
-    registered model), whose page then offers no overlay."""
-    from service.models import layer_metrics
-    from service.plots.stored import STAGE_OF
+    """The metric a theory overlay of the sweep draws: one predict gives for every shape of the
+    sweep from what its trials store (service.plots.overlay.predicted_metrics). The route's
+    default (service.plots.defaults) where it is one of them; for a range gap (n > d) its gap;
+    else the first such metric; None where the theory covers none (a transformer with MLP
+    sublayers, a registered model), whose page then offers no overlay."""
+    from service.plots.overlay import predicted_metrics
 
-    configs = sweep_configs(spec)
-    recorded = [set(layer_metrics(c)) for c in configs]
+    drawable = predicted_metrics(sweep_configs(spec))
     default = str(default_metric("theory_overlay", spec)).removeprefix("range_")
-    for m in (default, *STAGE_OF):
-        if m in STAGE_OF and all(m in r for r in recorded):
+    for m in (default, *drawable):
+        if m in drawable:
             return m
     return None
 
@@ -370,6 +370,12 @@ def plot_url(sweep_id: int, choice: Mapping[str, Any], where: Mapping[str, Any] 
     params |= {k: choice.get(k) for k in PLOT_TAKES[kind]}
     params |= {**(where or {}), "trial": trial, "format": fmt}
     return url(f"{API}/sweeps/{sweep_id}/plots/{kind}", params)
+
+
+def chart_url(url_of: Callable[..., str], kind: str, *args: Any, **kwargs: Any) -> str | None:
+    """The JSON route of a plot the page draws as a chart (`url_of` with fmt="json": plot_url,
+    compare_plot_url), or None for a kind it shows as the API's image (CHART_KINDS)."""
+    return url_of(*args, **kwargs, fmt="json") if kind in CHART_KINDS else None
 
 
 def plot_options(axis_names: list[str]) -> dict[str, list[str]]:

@@ -45,7 +45,7 @@ from service.plots.kinds import (
 from service.plots.labels import METRIC_LABELS, field_label
 from service.plots.pooling import BAND_TEXT, STAT_TEXT
 from service.plots.select import (
-    GAP_METRICS,
+    THEORY_METRICS,
     Lines,
     check_choice,
     config_columns,
@@ -132,8 +132,13 @@ def series(
 def line_series(label: str, s: pd.DataFrame, key: int, *, style: str = "line",
                 y: str = "mean") -> dict[str, Any]:  # fmt: skip
     """One line of a Lines frame (x, mean, lo, hi, count, …; service.plots.select.band_frame) or
-    of a prediction frame (x, value); its boolean columns become `flags`."""
+    of a prediction frame (x, value); its boolean columns become `flags`, and so does a count of
+    the point's seeds with a property (`n_unresolved`: service.plots.series.mark_unresolved) where
+    some point has one (flag `unresolved`: at least one seed)."""
     flags = {c: s[c] for c in s.columns if c not in _KNOWN and s[c].dtype == bool}
+    for c in s.columns:
+        if c.startswith("n_") and c not in _KNOWN and s[c].dtype.kind in "iu" and s[c].any():
+            flags[c.removeprefix("n_")] = s[c] > 0
     return series(
         label, s["x"].to_numpy(), s[y].to_numpy(dtype=float), style=style, key=key,
         lo=s["lo"].to_numpy(dtype=float) if "lo" in s else None,
@@ -316,7 +321,7 @@ def heatmap(frame, metric, *, x, group_by, epoch, layer, title, pooling, **_) ->
 def theory_overlay(
     frame, metric, *, x, group_by, epoch, layer, title, theory, pooling, **opts
 ) -> dict:
-    check_choice(metric, GAP_METRICS, "metric")
+    check_choice(metric, THEORY_METRICS, "metric")
     measured, predicted = theory_overlay_series(
         frame, metric, x=x, group_by=group_by, epoch=epoch, layer=layer, theory=theory,
         **_series_args(pooling),

@@ -1,7 +1,8 @@
 """The dashboard in headless Chromium (Debian's /usr/bin/chromium through Playwright; no browser
-is downloaded) against a live server: a finished sweep from the sweeps list to its plots and a
-trial; a running sweep whose progress changes in place while results are stored; cancelling with
-the API token; a plot that cannot be drawn says why. Screenshots go to artifacts/.
+is downloaded) against a live server: a finished sweep from the sweeps list to its charts (drawn
+from the plot routes' JSON; tests/api/test_browser_charts.py tries them out) and a trial; a
+running sweep whose progress changes in place while results are stored; cancelling with the API
+token; a plot that cannot be drawn says why. Screenshots go to artifacts/.
 
 Skipped when Chromium is missing, unless ISOSWEEP_REQUIRE_BROWSER=1 (CI), where that fails."""
 
@@ -30,10 +31,23 @@ ARGS = [
     "--disable-sync",
 ]
 WAIT_MS = 20_000  # for the page to poll, re-render or draw (the polls are 2 s apart)
+# Every plot of the page drawn: a chart (static/charts.js) once it has drawn its JSON, each of its
+# panels a uPlot canvas of some width; an image (a heatmap) once loaded.
 PLOTS_DRAWN = """() => {
+    const charts = [...document.querySelectorAll("figure[data-chart]")];
     const imgs = [...document.querySelectorAll("img[data-plot]")];
-    return imgs.length > 0 && imgs.every((i) => i.complete && i.naturalWidth > 0);
+    return charts.length + imgs.length > 0
+        && charts.every((f) => f.dataset.drawn && f.querySelector(".chart-panel canvas"))
+        && imgs.every((i) => i.complete && i.naturalWidth > 0);
 }"""
+# Per chart of the page: its plot route (format=json), and per panel its series' labels and the
+# points each draws (uPlot's data, a null where nothing is drawn).
+CHARTS = """() => [...document.querySelectorAll("figure[data-chart]")].map((f) => ({
+    src: f.dataset.chart,
+    width: f.querySelector(".chart-panel canvas").getBoundingClientRect().width,
+    panels: [...f.querySelectorAll(".chart-panel")].map((box) => box._uplot.series.slice(1)
+        .map((s, i) => [s.label, box._uplot.data[i + 1].filter((v) => v != null).length])),
+}))"""
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +81,10 @@ def tab(browser):
 
     page.on("pageerror", lambda e: page.errors.append(str(e)))
     page.on("requestfailed", failed)
+    page.on(  # what the page's Content-Security-Policy refuses (an inline style, another host)
+        "console",
+        lambda m: page.errors.append(m.text) if "Content Security Policy" in m.text else None,
+    )
     page.set_default_timeout(WAIT_MS)
     yield page
     context.close()
@@ -95,15 +113,17 @@ def test_a_finished_sweep_from_the_list_to_its_plots_and_a_trial(api, tab, artif
     tab.wait_for_url(f"**/sweeps/{sid}")
     assert tab.locator("table.trials tbody tr[data-trial-id]").count() == len(trials) == 8
     tab.wait_for_function(PLOTS_DRAWN)
-    width = tab.eval_on_selector("img[data-plot]", "i => i.naturalWidth")
-    assert width > 100
-    assert "depth_scaling" in tab.get_attribute("img[data-plot]", "src")
+    (chart,) = tab.evaluate(CHARTS)  # the default: grad_norm against depth, a line per init
+    assert "/plots/depth_scaling?" in chart["src"] and "format=json" in chart["src"]
+    assert chart["panels"] == [[["gaussian", 2], ["orthogonal", 2]]] and chart["width"] > 400
     tab.screenshot(path=artifacts_dir / "dashboard-sweep.png", full_page=True)
 
     tab.locator("table.trials tbody a").first.click()
     tab.wait_for_url(f"**/trials/{trials[0]['id']}")
-    assert tab.locator("img[data-plot]").count() == 3
     tab.wait_for_function(PLOTS_DRAWN)
+    charts = tab.evaluate(CHARTS)  # its gap and gradient norm over 2 layers, 2 training panels
+    assert [len(c["panels"]) for c in charts] == [1, 1, 2]
+    assert [c["panels"][0][0][1] for c in charts] == [2, 2, 3]  # layers 1, 2; epochs 0..2
     assert "completed" in tab.locator("#trial-head .badge").inner_text()
     tab.screenshot(path=artifacts_dir / "dashboard-trial.png", full_page=True)
     assert tab.errors == []
@@ -112,11 +132,12 @@ def test_a_finished_sweep_from_the_list_to_its_plots_and_a_trial(api, tab, artif
 def test_a_plot_that_cannot_be_drawn_says_why(api, tab):
     s = submit(api, spec("why", seeds=1))
     fill(api, s["id"])
-    tab.goto(f"{api.url}/sweeps/{s['id']}?kind=theory_overlay&metric=grad_norm")
+    tab.goto(f"{api.url}/sweeps/{s['id']}?kind=theory_overlay&metric=weight_isometry_gap")
     caption = tab.locator("figure.plot .plot-error")
     caption.wait_for(state="visible")
     text = caption.inner_text()
     assert "metric" in text and "isometry_gap/norm" in text  # the API's message, allowed values
+    assert tab.locator("figure.plot .chart-panel").count() == 0  # no chart drawn
     # the form greys out what the kind ignores: layer_profile takes no layer
     tab.select_option("select[data-kind]", "layer_profile")
     assert tab.locator("input[name=layer]").is_disabled()

@@ -1,6 +1,7 @@
 """The compare page in headless Chromium (as test_browser.py, whose fixtures it uses): two sweeps
-ticked on the sweeps list, "compare" pressed, the page's labels and its figure drawn; and a
-figure's legend text inside the figure. Screenshot: artifacts/dashboard-compare.png."""
+ticked on the sweeps list, "compare" pressed, the page's labels and its chart drawn (a line per
+sweep); and the downloadable figure's legend text inside the figure. Screenshot:
+artifacts/dashboard-compare.png."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 import pytest
 from api_support import spec, submit
-from test_browser import PLOTS_DRAWN, browser, run_all, tab  # noqa: F401  (fixtures)
+from test_browser import CHARTS, PLOTS_DRAWN, browser, run_all, tab  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.sqlite_only]
 
@@ -26,12 +27,14 @@ def test_two_sweeps_ticked_on_the_list_are_compared(api, tab, artifacts_dir):  #
     labels = tab.locator("table.compared td.label").all_inner_texts()
     assert labels == [f"sweep {a} (norm=batch)", f"sweep {b} (norm=layer)"]  # oldest first
     tab.wait_for_function(PLOTS_DRAWN)
-    assert tab.eval_on_selector("img[data-plot]", "i => i.naturalWidth") > 400
-    src = tab.get_attribute("img[data-plot]", "src")
-    assert src.startswith(f"/api/v1/compare/plots/depth_scaling?sweep={a}&sweep={b}")
+    (chart,) = tab.evaluate(CHARTS)  # a line per sweep, a point per depth
+    assert chart["src"].startswith(f"/api/v1/compare/plots/depth_scaling?sweep={a}&sweep={b}")
+    assert chart["panels"] == [[[labels[0], 2], [labels[1], 2]]] and chart["width"] > 400
     tab.screenshot(path=artifacts_dir / "dashboard-compare.png", full_page=True)
 
-    # The figure as a person sees it: every text of the SVG inside the figure's box.
+    # The downloaded figure as a person sees it: every text of the SVG inside the figure's box.
+    src = tab.get_attribute("figure[data-chart] + p.plot-links a", "href")
+    assert src == chart["src"].replace("format=json", "format=svg")
     tab.goto(api.url + src)
     inside = tab.evaluate(
         """() => {

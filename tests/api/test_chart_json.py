@@ -131,7 +131,7 @@ def test_a_heatmap_json_holds_its_grid(api, depth_init):
 def test_a_kind_that_cannot_be_drawn_is_the_same_422_as_its_image(api, depth_init):
     sid, _ = depth_init
     for kind, params in [
-        ("theory_overlay", {"metric": "grad_norm"}),
+        ("theory_overlay", {"metric": "weight_isometry_gap"}),
         ("depth_scaling", {"layer": 9}),
         ("layer_profile", {"x": "depth"}),
         ("heatmap", {"metric": "train_loss", "x": "depth", "group_by": "layer"}),
@@ -223,3 +223,17 @@ def test_a_trials_spectra_as_json(api):
     assert len(steps) == 2 and all(x["y"][-1] == 1.0 for x in steps)  # F reaches 1
     r = api.get(f"/trials/{b.id}/plots/spectrum", params={"layer": 9, "format": "json"})
     assert r.status_code == 422 and r.json()["error"]["field"] == "layer"
+
+
+def test_a_count_of_flagged_seeds_becomes_a_per_point_flag():
+    import pandas as pd
+
+    from service.plots.charts import line_series
+
+    s = pd.DataFrame({"x": [1, 2, 3], "mean": [1.0, math.inf, 3.0], "lo": [math.nan] * 3,
+                      "hi": [math.nan] * 3, "count": [2, 2, 2], "n_finite": [2, 1, 2],
+                      "n_excluded": [0, 0, 0], "n_unresolved": [0, 2, 1]})  # fmt: skip
+    one = line_series("a", s, 3)
+    assert one["flags"] == {"unresolved": [False, True, True]}
+    assert one["y"] == [1.0, "Infinity", 3.0] and one["lo"] is None and one["key"] == 3
+    assert line_series("a", s.assign(n_unresolved=0), 0)["flags"] is None  # none flagged

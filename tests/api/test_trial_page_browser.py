@@ -5,8 +5,9 @@ fit"), against a live server with hand-made records:
   (an init-only trial gets no training-curves panel but a note), lists those metrics, and the
   default heatmap draws on a two- and a three-axis sweep, the same axes while the sweep fills;
 - in headless Chromium (Debian's /usr/bin/chromium through Playwright, as tests/api/
-  test_browser.py): each plot on the trial page is at least 800 px wide and wholly in view; each
-  plot kind's SVG, opened in the browser, has every text's bounding box inside the figure's.
+  test_browser.py): each chart on the trial page (drawn from its plot's JSON) is at least 800 px
+  wide and wholly in view; each plot kind's SVG (the download), opened in the browser, has every
+  text's bounding box inside the figure's.
 
 Screenshots go to artifacts/, or to docs/img/dashboard/ (the ones docs/dashboard.md shows) with
 ISOSWEEP_UPDATE_SCREENSHOTS=1."""
@@ -52,7 +53,13 @@ def finished(api, body) -> tuple[int, list]:
 
 
 def plot_sources(html: str) -> list[str]:
+    """The plots' images (a chart's is its figure without the script: in <noscript>)."""
     return [s.replace("&amp;", "&") for s in re.findall(r'<img data-plot src="([^"]+)"', html)]
+
+
+def chart_sources(html: str) -> list[str]:
+    """The plot routes (format=json) the page's charts draw."""
+    return [s.replace("&amp;", "&") for s in re.findall(r'data-chart="([^"]+)"', html)]
 
 
 # --- the page, without a browser ------------------------------------------------------------
@@ -69,6 +76,11 @@ def test_the_trial_page_draws_one_wide_plot_per_row(api):
     assert 'class="plot-column"' in html and 'class="plot-grid"' not in html
     for src in srcs:
         assert api.client.get(api.url + src).status_code == 200
+    charts = chart_sources(html)  # each plot a chart of the same route and options, as JSON
+    assert charts == [s.replace("format=svg", "format=json") for s in srcs]
+    for src in charts:
+        r = api.client.get(api.url + src)
+        assert r.status_code == 200 and r.json()["panels"], src
 
 
 def test_an_init_only_trial_has_no_training_curves_panel(api):
@@ -139,11 +151,13 @@ def test_the_default_heatmap_keeps_its_axes_while_the_sweep_fills(api):
 
 # --- in Chromium -------------------------------------------------------------------------------
 
-IMG_BOXES = """() => [...document.querySelectorAll("img[data-plot]")].map((i) => {
-    const r = i.getBoundingClientRect();
-    return {width: r.width, left: r.left, right: r.right, natural: i.naturalWidth,
-            complete: i.complete, view: document.documentElement.clientWidth};
-})"""
+# Each chart panel's plot (its uPlot canvas: axes and plot area) as the page lays it out.
+CHART_BOXES = """() => [...document.querySelectorAll("figure[data-chart] .chart-panel canvas")]
+    .map((c) => {
+        const r = c.getBoundingClientRect();
+        return {width: r.width, left: r.left, right: r.right,
+                view: document.documentElement.clientWidth};
+    })"""
 # Every text group of a matplotlib SVG (id text_N: titles, labels, ticks, legend entries) against
 # the figure's own box (the root <svg>), in CSS px as the browser laid them out.
 SVG_TEXT_BOXES = """() => {
@@ -189,11 +203,11 @@ def browser():
 
 
 def plots_in_view(page) -> list[dict]:
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('img[data-plot]')]"
-        ".every((i) => i.complete && i.naturalWidth > 0)"
-    )
-    boxes = page.evaluate(IMG_BOXES)
+    """Each chart panel of the page, drawn, at least WIDE px wide and wholly in view."""
+    from test_browser import PLOTS_DRAWN
+
+    page.wait_for_function(PLOTS_DRAWN)
+    boxes = page.evaluate(CHART_BOXES)
     for b in boxes:
         assert b["width"] >= WIDE, b
         assert b["left"] >= 0 and b["right"] <= b["view"] + 0.5, b  # no horizontal scroll
@@ -206,7 +220,8 @@ def test_the_trial_page_shows_wide_plots_in_chromium(api, page, shots):
     _, trials = finished(api, spec("trial-page", depth=[4, 8], init=["gaussian", "orthogonal"]))
     page.goto(f"{api.url}/trials/{trials[-1].id}")
     boxes = plots_in_view(page)
-    assert len(boxes) == 3
+    assert len(boxes) == 4  # its gap and gradient norm, the training curves' two panels
+    assert page.locator("figure[data-chart]").count() == 3
     page.screenshot(path=shots / "trial.png", full_page=True)
 
     _, (init,) = finished(api, spec("init-only", epochs=0, seeds=1))

@@ -1,9 +1,10 @@
-// The isosweep dashboard's only script. The pages are complete without it (rendered on the
-// server); it adds: following a running sweep's event stream (GET /sweeps/{id}/events) — or,
-// where there is no stream, polling the JSON API while something runs — and swapping the page's
-// live parts in place, plots re-drawn as results arrive (with the server's message when a plot
-// cannot be drawn), the cancel button, and greying out plot options the kind ignores.
-// No dependencies, nothing from other hosts.
+// The isosweep dashboard's script. The pages are complete without it (rendered on the server,
+// each plot an image); it adds: the interactive charts (each figure[data-chart] fetches its plot's
+// JSON and static/charts.js draws it with the vendored uPlot; a refused plot shows the server's
+// message), following a running sweep's event stream (GET /sweeps/{id}/events) — or, where there
+// is no stream, polling the JSON API while something runs — and swapping the page's live parts in
+// place, charts re-drawn in place as results arrive, the cancel button, and greying out plot
+// options the kind ignores. Nothing from other hosts.
 "use strict";
 
 (function () {
@@ -85,6 +86,7 @@
     if (!first && (now - plotsAt > PLOT_EVERY_MS || !active())) {
       plotsAt = now;
       document.querySelectorAll("img[data-plot]").forEach(reloadPlot);
+      await Promise.all([...document.querySelectorAll("figure[data-chart]")].map(loadChart));
     }
   }
 
@@ -169,12 +171,33 @@
     }
   }
 
+  // img: the plot's <img>, or its chart's <figure>
   function showPlotError(img, text) {
-    const caption = img.parentElement.querySelector(".plot-error");
+    const figure = img.closest("figure") || img.parentElement;
+    const caption = figure.querySelector(".plot-error");
     if (!caption) return;
     caption.textContent = text ? "This plot cannot be drawn: " + text : "";
     caption.hidden = !text;
     img.classList.toggle("broken", Boolean(text));
+  }
+
+  // A chart: its JSON fetched (the same route as its image, format=json) and drawn; a refused
+  // plot (a 422 naming why) leaves the chart empty and says why under it.
+  async function loadChart(figure) {
+    let r;
+    let chart;
+    try {
+      r = await fetch(figure.dataset.chart, {
+        headers: { Accept: "application/json" },
+        cache: "no-store",
+      });
+      chart = r.ok ? await r.json() : null;
+    } catch (e) {
+      return showPlotError(figure, "cannot reach the server");
+    }
+    if (!r.ok) return showPlotError(figure, await errorText(r));
+    window.IsosweepCharts.draw(figure, chart);
+    showPlotError(figure, "");
   }
 
   async function explainPlot(img) {
@@ -265,6 +288,7 @@
   }
 
   setupPlots();
+  document.querySelectorAll("figure[data-chart]").forEach(loadChart);
   setupPlotForm();
   setupCancel();
   document.addEventListener("visibilitychange", () => {
