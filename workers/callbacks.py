@@ -5,6 +5,8 @@
 - `CancelStopper` reads the sweep's cancel flag (throttled) and stops every trial promptly; it
   also stops a trial on its diverged record, and (with `EarlyStopper`, the spec's early_stop
   rule) a trial the rule stops: `stopped`, its records kept, the rung and reason as its error.
+  With the synchronous rule (workers/sync_halving.py, `StageFeed`) it stops a trial at the cap
+  of its stage, and StoreCallback holds such a trial (not finished) instead of failing it.
 - `Heartbeat` holds the runner's lease from the claim on (Ray's start-up included), extending it
   every lease/3 s; once the lease is lost (another runner took the sweep over, or no heartbeat
   went through for a whole lease) the driver stops and writes nothing more.
@@ -22,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import tune
 
@@ -42,6 +44,9 @@ from workers.trainable import (
     from_transport,
     members_of,
 )
+
+if TYPE_CHECKING:
+    from workers.sync_halving import StageFeed
 
 log = logging.getLogger("isosweep.driver")
 
@@ -199,8 +204,10 @@ class StoreCallback(DriverSide, tune.Callback):
         flush_s: float = FLUSH_S,
         early: EarlyStopper | None = None,
         on_finish: Callable[[int, str], None] | None = None,
+        stages: StageFeed | None = None,
     ):
         self.early = early  # the spec's early_stop rule (its decisions: `early.reasons`)
+        self.stages = stages  # the synchronous rule's stages: caps, held trials, stored epochs
         self.on_finish = on_finish  # told (trial id, status) once a trial's outcome is stored
         self.store, self.control, self.tracker = store, control, tracker
         self.progress = progress
@@ -222,7 +229,8 @@ class StoreCallback(DriverSide, tune.Callback):
             if self.control.lost.is_set():
                 return
             try:
-                self._fenced(self.store.start_trial, tid)
+                if self.stages is None or not self.stages.continuing(tid):  # keeps its records
+                    self._fenced(self.store.start_trial, tid)
             except LeaseLost:
                 return
             except Conflict as exc:  # cancelled while it waited; the stopper ends the run
@@ -248,6 +256,8 @@ class StoreCallback(DriverSide, tune.Callback):
             self.errors[tid] = str(result[ERROR_KEY])
             return
         record = from_transport(result)
+        if self.stages is not None and not self.stages.wanted(tid, record["epoch"]):
+            return  # stored in an earlier stage, or past this stage's cap
         if not self.buffer:
             self.oldest = time.monotonic()
         self.buffer.append((tid, record))
@@ -269,6 +279,8 @@ class StoreCallback(DriverSide, tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         for tid in trial_keys(trial):
             self._finish(tid)
+            if self.stages is not None:
+                self.stages.ended(tid)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.flush()
@@ -295,6 +307,9 @@ class StoreCallback(DriverSide, tune.Callback):
                 self._event("finish", tid, status=TrialStatus.FAILED)
                 if self.on_finish is not None:
                     self.on_finish(tid, TrialStatus.FAILED)
+        if self.stages is not None:
+            for tid in trial_keys(trial):
+                self.stages.ended(tid)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self.flush()
@@ -304,8 +319,10 @@ class StoreCallback(DriverSide, tune.Callback):
         self.flush()
         if tid in self.skipped or tid in self.finished or self.control.lost.is_set():
             return
+        if self._held(tid):
+            return  # at its stage's cap: the next stage runs it on
         status, error = self._outcome(tid)
-        if error is not None:
+        if status == TrialStatus.FAILED and error is not None:  # a stop's reason is logged
             log.warning("trial %d failed: %s", tid, error.split("\n", 1)[0])
         with contextlib.suppress(LeaseLost):
             self._fenced(self.store.finish_trial, tid, status, error)
@@ -315,6 +332,18 @@ class StoreCallback(DriverSide, tune.Callback):
                 self.on_finish(tid, status)
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _held(self, tid: int) -> bool:
+        """Whether the synchronous rule holds the trial at its cap (then it stays unfinished:
+        a "hold" event, this stage's records as its expected ones)."""
+        stages = self.stages
+        if stages is None or tid in self.errors:
+            return False
+        if not stages.held(tid, self.last.get(tid), self.final_epochs[tid]):
+            return False
+        self.tracker.expected[tid] = self.tracker.done.get(tid, 0)
+        self._event("hold", tid, status=TrialStatus.RUNNING)
+        return True
 
     def flush(self) -> None:
         """Write the buffered records in one transaction (nothing once the lease is lost)."""
@@ -370,19 +399,24 @@ class CancelStopper(DriverSide, tune.Stopper):
         control: SweepControl,
         poll_s=CANCEL_POLL_S,
         early: EarlyStopper | None = None,
+        stages: StageFeed | None = None,
     ):
         self.store, self.sweep_id, self.control, self.poll_s = store, sweep_id, control, poll_s
         self.polled = -float("inf")
         self.early = early  # judges every record first (then StoreCallback reads its reasons)
+        self.stages = stages  # a trial (or pack) at its stage's cap stops there
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
         # a pack goes on when one member diverges or stops early (that member stops inside it)
         alone = int(result.get(PACK_SIZE_KEY, 1)) == 1
         stopped = False
+        capped = False
         for r in member_results(result):
             if self.early is not None and TRIAL_KEY in r:
                 stopped = self.early(int(r[TRIAL_KEY]), r) or stopped
-        return alone and (bool(result.get("diverged", False)) or stopped)
+            if self.stages is not None and TRIAL_KEY in r:  # a pack's members share their cap
+                capped = self.stages.at_cap(r, int(r[TRIAL_KEY])) or capped
+        return capped or (alone and (bool(result.get("diverged", False)) or stopped))
 
     def stop_all(self) -> bool:
         now = time.monotonic()

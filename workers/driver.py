@@ -32,7 +32,8 @@
   outcome; a resumed run rebuilds the studies from the stored trials. With `early_stop`,
   `workers.callbacks.EarlyStopper` judges every record (its rung values rebuilt from the stored
   records on resume: `rebuild_halving`); a packed member's stop reaches its pack through a
-  `StopBoard` actor.
+  `StopBoard` actor. With `early_stop: {…, synchronous: true}` the trials come from a
+  `workers.sync_halving.StageFeed` instead, a rung at a time.
 
 Resumption is the store's, not Tune's: a restarted runner claims the sweep again and runs the
 trials that are not finished; writes are idempotent upserts, so nothing is duplicated.
@@ -75,6 +76,7 @@ from workers.callbacks import (
     SweepProgress,
     trial_name,
 )
+from workers.sync_halving import StageFeed
 from workers.trainable import BOARD_KEY, PACK_KEY, PARAM_KEY, StopBoard, run_trial
 
 log = logging.getLogger("isosweep.driver")
@@ -447,7 +449,7 @@ class TrialSource(DriverSide, Searcher):
 
     def __init__(
         self,
-        feed: TrialFeed,
+        feed: TrialFeed | StageFeed,
         *,
         param: Callable[[list[TrialInfo]], dict[str, Any]],
         on_feed: Callable[[TrialInfo], None],
@@ -512,6 +514,8 @@ class TrialSource(DriverSide, Searcher):
                 return {PARAM_KEY: self.param([t])}
             if not self.search.done:
                 return None  # asks wait for outcomes: Tune asks again
+        if t is None and isinstance(self.feed, StageFeed) and self.feed.waiting:
+            return None  # a synchronous rung waits for its trials: Tune asks again
         if t is None:
             self.ended = "drained"
             return Searcher.FINISHED
@@ -605,15 +609,25 @@ def _tune(
     """Run the sweep's runnable trials, CHUNK_TRIALS per Tune run. Returns True when the run
     gave its turn up with trials left (the caller releases the sweep)."""
     data_dir = str(Path(store.settings.data_dir).expanduser().resolve())
-    feed = TrialFeed(store, sweep.id)
     if search is not None:
         search.max_outstanding = live_trials(spec.resources.cpu, spec.resources.gpu)
 
     def report(p: SweepProgress) -> None:
         if progress is not None:
             progress(p)
-        if p.event == "finish" and p.trial_id is not None:
+        if p.event in ("finish", "hold") and p.trial_id is not None:
             tracker.fold(p.trial_id)
+
+    def stopped(t: TrialInfo) -> None:  # by the synchronous rule, between two stages
+        tracker.base_counts[t.status] -= 1  # listed as stopped, then folded by report
+        tracker.status[t.id], tracker.expected[t.id] = TrialStatus.STOPPED, 0
+        tracker.event, tracker.trial_id = "finish", t.id
+        report(tracker)
+
+    stop = spec.early_stop
+    feed: TrialFeed | StageFeed = TrialFeed(store, sweep.id)
+    if stop is not None and stop.synchronous:
+        feed = StageFeed(store, sweep.id, stop, control, runner_id=runner_id, on_stop=stopped)
 
     left = tracker.counts.get(TrialStatus.QUEUED, 0)
     first = feed.next()
@@ -621,7 +635,7 @@ def _tune(
         feed.put_back(first)
     pack = 1 if search is not None else pack_size(spec, first, left)  # asks run one by one
     early = board = None
-    if spec.early_stop is not None:
+    if stop is not None and not stop.synchronous:
         early = EarlyStopper(spec.early_stop, rebuild_halving(store, sweep.id, spec), {})
         if pack > 1:
             name = f"isosweep-stops-{sweep.id}-{os.getpid()}-{time.time_ns()}"
@@ -635,6 +649,8 @@ def _tune(
     )  # fmt: skip
     try:
         while True:
+            if isinstance(feed, StageFeed):
+                feed.settle()  # the last Tune run's trials are all back
             ended = _tune_chunk(store, sweep, spec, control, tracker, report, runner_id, feed,
                                 turn, data_dir, pack, search=search, early=early,
                                 board=board)  # fmt: skip
@@ -657,7 +673,7 @@ def _tune_chunk(
     tracker: RunProgress,
     report: Callable[[SweepProgress], None],
     runner_id: str,
-    feed: TrialFeed,
+    feed: TrialFeed | StageFeed,
     turn: Turn,
     data_dir: str,
     pack: int = 1,
@@ -669,9 +685,10 @@ def _tune_chunk(
     """One Tune run of up to CHUNK_TRIALS Tune trials (each one trial or a pack of up to `pack`)
     from the feed (then, for a tpe search, from its asks); returns why its source ended."""
     resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
+    stages = feed if isinstance(feed, StageFeed) else None
     callback = RunCallback(
         store, control, tracker, progress=report, final_epochs={}, runner_id=runner_id,
-        early=early, on_finish=None if search is None else search.finished,
+        early=early, on_finish=None if search is None else search.finished, stages=stages,
     )  # fmt: skip
 
     def on_feed(t: TrialInfo) -> None:
@@ -706,7 +723,7 @@ def _tune_chunk(
                 name=f"sweep_{sweep.id}",
                 storage_path=storage,
                 callbacks=[callback],
-                stop=CancelStopper(store, sweep.id, control, early=early),
+                stop=CancelStopper(store, sweep.id, control, early=early, stages=stages),
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                 verbose=0,
             ),

@@ -57,7 +57,8 @@ class TpeSearch(BaseModel):
 
 
 class EarlyStop(BaseModel):
-    """Asynchronous successive halving (service/search/halving.py)."""
+    """Successive halving (service/search/halving.py): asynchronous (ASHA, the default) or
+    synchronous (each rung decided once every trial that can reach it has)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -67,6 +68,12 @@ class EarlyStop(BaseModel):
     mode: Literal["min", "max"] = "min"
     grace_epochs: int = Field(1, ge=1, description="G: the first rung's epoch")
     reduction: int = Field(2, ge=2, description="R: rungs at G·R^k; the top 1/R go on")
+    synchronous: bool = Field(
+        False,
+        description="decide each rung once every trial that can reach it has: the same trials "
+        "stop in every run of the spec (it waits for a rung's slowest trial, and a trial "
+        "going on past a rung trains again from epoch 0); false: as trials arrive (ASHA)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EarlyStop:
