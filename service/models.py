@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
+from service import library_models as library
 from service.errors import InvalidInput
 from service.metric_names import LAYER_METRICS, PRECISION_CHECKED_LAYERS, PRECISION_PREFIX
 from service.param_columns import column_of
@@ -62,23 +63,41 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Taps = str | tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class RegisteredModel:
     """A lab's model: `factory(params, *, d_in, n_classes, config) -> torch.nn.Module`, its typed
     parameters, and the submodules whose outputs are measured — a dotted name with `{i}` for
     i = 0..depth−1 (one measured layer per block), or an explicit tuple of names; `head`, the
-    classifier's weight parameter (None: the module's last parameter with two or more axes)."""
+    classifier's weight parameter (None: the module's last parameter with two or more axes).
+
+    The library families (service/library_models.py) use three more forms: a factory named
+    "module:function" (imported by the worker that builds the module), taps given by a function
+    of the validated params, and `tokens` — the taps are (n, T, d) token streams, measured with
+    the token metrics as well."""
 
     name: str
-    factory: Callable[..., Any]
+    factory: Callable[..., Any] | str
     params: type[BaseModel]
-    taps: str | tuple[str, ...]
+    taps: Taps | Callable[[BaseModel], Taps]
     head: str | None = None
+    tokens: bool = False
+    check: Callable[[BaseModel, int], None] | None = None  # (params, width): more rules
 
-    def tap_names(self, depth: int) -> list[str]:
-        if isinstance(self.taps, str):
-            return [self.taps.format(i=i) for i in range(depth)]
-        return list(self.taps)
+    def tap_pattern(self, params: BaseModel | None = None) -> Taps:
+        """The taps, for the validated `params` where they depend on them."""
+        if callable(self.taps):
+            assert params is not None, f"model {self.name!r}: its taps depend on model_params"
+            return self.taps(params)
+        return self.taps
+
+    def tap_names(self, depth: int, params: BaseModel | None = None) -> list[str]:
+        taps = self.tap_pattern(params)
+        if isinstance(taps, str):
+            return [taps.format(i=i) for i in range(depth)]
+        return list(taps)
 
 
 _REGISTRY: dict[str, RegisteredModel] = {}
@@ -99,7 +118,7 @@ def register_model(
     trial's depth must equal their number); a pattern with `{i}` gives one per block. `head`
     names the classifier's weight (a parameter name such as "head.weight"; None: the module's
     last parameter with two or more axes), whose gradient norm and weight gap are recorded."""
-    if name in FAMILY_FIELDS:
+    if name in FAMILY_FIELDS or name in LIBRARY:
         raise ValueError(f"{name!r} is a built-in model family; choose another name")
     if not name.isidentifier():
         raise ValueError(f"a model name is an identifier, not {name!r}")
@@ -139,7 +158,7 @@ def registered() -> dict[str, RegisteredModel]:
 
 
 def model_names() -> tuple[str, ...]:
-    return (*FAMILY_FIELDS, *sorted(registered()))
+    return (*FAMILY_FIELDS, *sorted(registered()), *LIBRARY)
 
 
 def _external(*_: Any, **__: Any) -> Any:
@@ -153,16 +172,35 @@ def _external(*_: Any, **__: Any) -> Any:
 # The trials of isosweep.Monitor (service/store/external.py): one tap kind, "output"; never run.
 EXTERNAL = RegisteredModel("external", _external, NoParams, "tap.{i}")
 
+# Families built from other libraries' constructors (service/library_models.py, docs/models.md
+# "Models people already have"), by the worker modules named; optional extras.
+LIBRARY: dict[str, RegisteredModel] = {
+    "timm": RegisteredModel(
+        "timm", "workers.models.timm_model:build", library.TimmParams, library.timm_taps
+    ),
+    "hf": RegisteredModel(
+        "hf",
+        "workers.models.hf_model:build",
+        library.HFParams,
+        library.hf_taps,
+        head="head.weight",
+        tokens=True,
+        check=library.check_hf,
+    ),
+}
+
 
 def get_registered(name: str) -> RegisteredModel:
     if name == EXTERNAL.name:
         return EXTERNAL
+    if name in LIBRARY:
+        return LIBRARY[name]
     check_model_name(name)
     return registered()[name]
 
 
 def check_model_name(name: str) -> None:
-    if name in FAMILY_FIELDS or name == EXTERNAL.name:
+    if name in FAMILY_FIELDS or name == EXTERNAL.name or name in LIBRARY:
         return
     if name not in registered():
         raise InvalidInput(
@@ -187,12 +225,15 @@ def check_params(config: TrialConfig) -> dict[str, Any]:
     except ValidationError as exc:  # an unknown key gets a "did you mean" among the class's
         fields = tuple(entry.params.model_fields)
         raise invalid_from_pydantic(exc, where="model_params", fields=fields) from None
-    if not isinstance(entry.taps, str) and len(entry.taps) != config.depth:
+    taps = entry.tap_pattern(params)
+    if not isinstance(taps, str) and len(taps) != config.depth:
         raise InvalidInput(
-            f"model {config.model!r} measures {len(entry.taps)} layers ({', '.join(entry.taps)})"
-            f"; set depth={len(entry.taps)}",
+            f"model {config.model!r} measures {len(taps)} layers ({', '.join(taps)})"
+            f"; set depth={len(taps)}",
             field="depth",
         )
+    if entry.check is not None:
+        entry.check(params, config.width)
     return params.model_dump(mode="json")
 
 
@@ -217,7 +258,7 @@ def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
         for k in kinds
     }
     have |= {"weight_isometry_gap", "grad_norm", "rms", "mean_cosine"}
-    if config.model == "transformer":
+    if config.model == "transformer" or (config.model in LIBRARY and LIBRARY[config.model].tokens):
         have |= {"token_isometry_gap", "token_cosine"}
     if config.precision_check:  # at epoch 0 (docs/science.md, "Precision")
         have |= {PRECISION_PREFIX + m for m in PRECISION_CHECKED_LAYERS if m in have}
@@ -230,10 +271,11 @@ SCALAR_JSON = (str, int, float, bool, type(None))
 
 
 def param_fields() -> dict[str, tuple[str, FieldInfo]]:
-    """Every parameter of the registered models' params classes: name → (the first model, by
-    name, that has it; its pydantic field)."""
+    """Every parameter of the registered models' params classes, then the library families'
+    (service/library_models.py): name → (the first model, by name, that has it; its pydantic
+    field)."""
     out: dict[str, tuple[str, FieldInfo]] = {}
-    for name, entry in sorted(registered().items()):
+    for name, entry in [*sorted(registered().items()), *LIBRARY.items()]:
         for field, info in entry.params.model_fields.items():
             out.setdefault(field, (name, info))
     return out

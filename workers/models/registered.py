@@ -42,6 +42,7 @@ does not give (n, n_classes) logits.
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -88,7 +89,8 @@ class RegisteredNet:
         object.__setattr__(self, "entry", entry)
         module = self._build(TEMPLATE_SEED)
         object.__setattr__(self, "module", module)
-        object.__setattr__(self, "tap_names", tuple(entry.tap_names(self.config.depth)))
+        params = entry.params(**self.config.model_params)
+        object.__setattr__(self, "tap_names", tuple(entry.tap_names(self.config.depth, params)))
         self._check_taps()
         names = self._weights_by_name()
         object.__setattr__(self, "head_weight", self._head())
@@ -128,11 +130,10 @@ class RegisteredNet:
         """The factory's module, built on the CPU with torch's global generator at `seed`."""
         entry, config = self.entry, self.config
         params = entry.params(**config.model_params)  # validated already (check_params)
+        factory = _factory(entry)
         try:
             with _seeded(seed):
-                module = entry.factory(
-                    params, d_in=self.d_in, n_classes=self.n_classes, config=config
-                )
+                module = factory(params, d_in=self.d_in, n_classes=self.n_classes, config=config)
         except IsosweepError:
             raise
         except Exception as exc:
@@ -160,9 +161,10 @@ class RegisteredNet:
         listed = ", ".join(names[:MAX_LISTED]) + (" …" if len(names) > MAX_LISTED else "")
         close = difflib.get_close_matches(missing[0], names, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
-        per_block = isinstance(self.entry.taps, str)
+        pattern = self.entry.tap_pattern(self.entry.params(**self.config.model_params))
+        per_block = isinstance(pattern, str)
         depth = (
-            f" (taps {self.entry.taps!r} for depth={self.config.depth}: the factory should build "
+            f" (taps {pattern!r} for depth={self.config.depth}: the factory should build "
             "config.depth blocks)"
             if per_block
             else ""
@@ -298,7 +300,8 @@ class RegisteredNet:
                     field="model",
                 )
             outs.append(got[0])
-        return out, Taps({"output": outs}, outs)
+        # a library family whose taps are token streams (n, T, d): the token metrics too
+        return out, Taps({"output": outs}, outs, outs if self.entry.tokens else None)
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
         """Each tap's Structure as the module's layers force it (`ModuleGraph`, for p's
@@ -313,6 +316,14 @@ class RegisteredNet:
 
     def layer_weights(self) -> list[list[str]]:
         return [list(ws) for ws in self._layer_weights]
+
+
+def _factory(entry: RegisteredModel) -> Any:
+    """The registration's factory; a library family's "module:function" imported here."""
+    if callable(entry.factory):
+        return entry.factory
+    module, _, name = entry.factory.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def tap_structures(
