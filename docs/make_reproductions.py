@@ -437,6 +437,40 @@ def dong_numbers(store: Store, sid: int) -> None:
     show("token_cosine / token_isometry_gap at ℓ = L, mean over seeds", md_table(table))
 
 
+# --- models people already have: timm and Hugging Face transformers ---------------------------
+
+GPT2_LAYERS = [1, 2, 3, 4, 6, 8, 10, 12]
+INIT_SD = "model_params.initializer_range"
+
+
+def gpt2_numbers(store: Store, sid: int) -> None:
+    """Per init s.d. and block, the mean over seeds of the token and sample measurements."""
+    metrics = ["token_cosine", "token_isometry_gap", "isometry_gap/output", "rms"]
+    t = store.read_metrics(sid, metrics=metrics, epoch=0, layers=GPT2_LAYERS)
+    for metric in metrics:
+        part = t[t["metric"] == metric]
+        table = part.groupby([INIT_SD, "layer"])["value"].mean().unstack("layer")
+        show(f"{metric} per block, mean over seeds", md_table(table.map("{:.4g}".format)))
+    spread = t[t["metric"] == "token_cosine"].groupby([INIT_SD, "seed"])["value"].agg(np.ptp)
+    show("token_cosine: max − min over the 12 blocks, per seed", md_table(spread.unstack("seed")))
+
+
+STAGE_METRICS = ["isometry_gap/output", "rms", "mean_cosine", "grad_norm"]
+
+
+def timm_numbers(store: Store, sid: int) -> None:
+    """Per network and stage, the mean over seeds of the gap, rms, cosine and gradient."""
+    t = store.read_metrics(sid, metrics=STAGE_METRICS, epoch=0)
+    keys = ["model_params.arch", "model_params.model_args"]
+    for metric in STAGE_METRICS:
+        part = t[t["metric"] == metric]
+        table = part.groupby([*keys, "layer"])["value"].mean().unstack("layer")
+        show(f"{metric} per stage, mean over seeds", md_table(table.map("{:.3g}".format)))
+    g = t[(t["metric"] == "grad_norm") & (t["layer"] == 1)]
+    cells = g.groupby(keys)["value"].apply(lambda v: ", ".join(f"{x:.3g}" for x in v))
+    show("grad_norm of layer1, per seed", md_table(cells))
+
+
 # --- the experiments ---------------------------------------------------------------------------
 
 # Meterez et al. 2024's gradient-against-depth figures: seeds pooled by their geometric mean (the
@@ -672,6 +706,45 @@ EXPERIMENTS = [
             ),
         ],
         scaled_resnet_numbers,
+    ),
+    Experiment(
+        "gpt2-token-isometry",
+        ROOT / "examples" / "gpt2-token-isometry.yaml",
+        [
+            Figure(
+                "gpt2-token-cosine.png",
+                "layer_profile",
+                dict(metric="token_cosine", group_by=INIT_SD, yscale="linear", band="std"),
+            ),
+            Figure(
+                "gpt2-token-gap.png",
+                "layer_profile",
+                dict(metric="token_isometry_gap", group_by=INIT_SD, yscale="linear", band="std"),
+            ),
+            Figure(
+                "gpt2-rms.png",
+                "layer_profile",
+                dict(metric="rms", group_by=INIT_SD, yscale="linear", band="std"),
+            ),
+        ],
+        gpt2_numbers,
+    ),
+    Experiment(
+        "timm-resnet-stages",
+        ROOT / "examples" / "timm-resnet-stages.yaml",
+        [
+            Figure(
+                "timm-stage-gaps.png",
+                "layer_profile",
+                dict(metric="isometry_gap/output", group_by="model_params.arch", band="std"),
+            ),
+            Figure(
+                "timm-stage-grads.png",
+                "layer_profile",
+                dict(metric="grad_norm", group_by="model_params.arch", band="std"),
+            ),
+        ],
+        timm_numbers,
     ),
 ]
 

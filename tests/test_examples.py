@@ -28,6 +28,8 @@ REPRODUCTIONS = (
     "xiao-delta-orthogonal",
     "dong-rank-collapse",
     "resnet-scaled-depth",
+    "gpt2-token-isometry",  # model: hf (the dev install has the extra)
+    "timm-resnet-stages",  # model: timm
 )
 OFFLINE = {"digits", "gaussian"}  # datasets that need no download
 # "# FULL SCALE: change the one field `dataset` to `dataset: cifar10` …"
