@@ -18,7 +18,7 @@ from service.plots import draw
 from service.plots.labels import METRIC_LABELS, field_label, layer_text
 from service.plots.pooling import BAND_TEXT, STAT_TEXT
 from service.plots.select import (
-    GAP_METRICS,
+    THEORY_METRICS,
     Lines,
     Pooling,
     absent_note,
@@ -240,7 +240,7 @@ def heatmap(frame, metric, *, x, group_by, epoch, layer, title, pooling, **_) ->
 def theory_overlay(
     frame, metric, *, x, group_by, epoch, layer, title, theory, pooling, **opts
 ) -> Figure:
-    check_choice(metric, GAP_METRICS, "metric")
+    check_choice(metric, THEORY_METRICS, "metric")
     measured, predicted = theory_overlay_series(
         frame, metric, x=x, group_by=group_by, epoch=epoch, layer=layer, theory=theory,
         **_series_args(pooling),

@@ -41,6 +41,19 @@ GAP_METRICS: tuple[str, ...] = tuple(
 )
 
 
+# What the theory overlay draws: the per-layer metrics service.theory.predict gives for some
+# family (the MLP stages', a residual stream's and an attention stack's gaps and range gaps, rms,
+# mean_cosine, grad_norm relative to the last block's, a transformer's token metrics); which of
+# them a sweep gets, predict says (service.plots.overlay).
+THEORY_METRICS: tuple[str, ...] = tuple(
+    m
+    for m in LAYER_METRICS
+    if m.removeprefix("range_").removeprefix("isometry_gap/")
+    in ("linear", "norm", "act", "residual", "attn")
+    or m in ("rms", "mean_cosine", "grad_norm", "token_isometry_gap", "token_cosine")
+)
+
+
 def check_choice(value: object, allowed: Sequence[str], field: str) -> None:
     if value not in allowed:
         raise InvalidInput(f"unknown value {value!r}", field=field, allowed=allowed)

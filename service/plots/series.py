@@ -273,18 +273,19 @@ def _grid(agg: pd.DataFrame, x: str, y: str, stat: str = "mean") -> Grid:
 
 
 def theory_lines(theory: dict | None) -> dict[str, pd.DataFrame]:
-    """The mean-field predictions, label → frame (x = layer ℓ, value = predicted gap)."""
+    """The mean-field predictions, label → frame (x = the layer ℓ or the depth, value = the
+    predicted value)."""
     out = {}
     for label, pair in (theory or {}).items():
         try:
             ell, gap = (np.asarray(a, dtype=float) for a in pair)
         except (TypeError, ValueError):
             raise InvalidInput(
-                f"{label!r}: expected (layers, gaps) arrays", field="theory"
+                f"{label!r}: expected (x values, predicted values) arrays", field="theory"
             ) from None
         if ell.ndim != 1 or ell.shape != gap.shape:
             raise InvalidInput(
-                f"{label!r}: layers {ell.shape} and gaps {gap.shape} must be 1-D of one length",
+                f"{label!r}: x {ell.shape} and values {gap.shape} must be 1-D of one length",
                 field="theory",
             )
         order = np.argsort(ell, kind="stable")
@@ -305,12 +306,12 @@ def theory_overlay_series(
     band: str | None = None,
     nonfinite: str = "propagate",
 ) -> tuple[Lines, dict[str, pd.DataFrame]]:
-    """Measured isometry gaps and the mean-field predictions, on one axis.
+    """A measured per-layer metric and its mean-field predictions, on one axis.
 
-    x = "depth" (default when depth varies): the gap at `layer` (default ℓ = L) against depth;
-    x = "layer": the gap profile against ℓ. The prediction at layer ℓ is the infinite-width gap
-    after ℓ blocks (Joudaki et al. 2023, Thm 5.1), which does not depend on the total depth, so
-    both read against the same axis. `epoch` defaults to the first recorded (initialization).
+    x = "depth" (default when depth varies): the metric at `layer` (default ℓ = L) against depth;
+    x = "layer": its profile against ℓ. `theory` gives each line's prediction at the same x
+    values (service.plots.overlay computes them from service.theory.predict for a stored
+    sweep). `epoch` defaults to the first recorded (initialization).
     """
     rows = metric_rows(frame, metric)
     predicted = theory_lines(theory)

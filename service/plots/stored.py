@@ -5,20 +5,15 @@
 Reads are bounded by the store (Settings.max_points) and narrowed to what the kind draws: one
 epoch when the plot shows one, each trial's last epoch for `last`, epoch 0 for the theory
 overlay's default; one layer of each trial when the plot shows one. For `theory_overlay` each
-measured line gets the mean-field prediction of Joudaki et al. 2023 (Thm 5.1;
-service.theory.mean_field_gaps) from its trials' input Grams and input moments ‖xᵢ‖²/d_in
-(the first layer meets each sample at its own variance; trials recorded without moments start at
-unit variance), averaged over seeds, with the trials' gain α·g (times √s of the init, see
-`theory_inputs`) and centering. The prediction is for LayerNorm MLPs (centered, or scale-only
-`layer_scale`) in act_norm order (Linear → σ → center → normalize); the title says so when the
-sweep's configs differ. A hidden layer's torch-initialized bias (variance 1/(3·width)) is left
-out: it vanishes with the width. docs/science.md derives the rest.
+measured line gets `service.theory.predict`'s values of the same metric, from its trials'
+stored input Grams and moments, averaged over seeds (service.plots.overlay; a key predict cannot
+give is a 422 naming why); `grad_norm` is drawn relative to each trial's last block, as
+predicted. `theory_inputs` and THEORY_SETTING serve `isosweep theory --trial` (the LayerNorm
+theorem of Joudaki et al. 2023, Thm 5.1). docs/science.md derives the theory.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from service.config import DATASET_SHAPES, FILTER_FIELDS, TrialConfig
-from service.errors import InvalidInput, LimitExceeded, NotFound
+from service.errors import InvalidInput, NotFound
 from service.param_columns import column_of
 from service.plots import (
     FORMATS,
@@ -34,15 +29,15 @@ from service.plots import (
     PLOT_KINDS,
     heatmap_axes,
     render,
-    theory_overlay_series,
 )
 from service.plots.defaults import default_axes
-from service.plots.select import check_choice, line_label, metric_rows, resolve_epoch
+from service.plots.overlay import overlay_predictions, relative_to_last_block
+from service.plots.select import check_choice
 from service.plots.series import error_metric
 from service.spec import determined_fields, swept_values_of
 
 if TYPE_CHECKING:  # the store imports SQLAlchemy; plots are drawn without it
-    from service.store import Store, TrialInfo
+    from service.store import Store
 
 # The theory's Gram of each recorded sub-layer (service.theory.STAGES: linear, norm, act).
 STAGE_OF = {m: m.removeprefix("isometry_gap/") for m in GAP_METRICS}
@@ -52,7 +47,6 @@ THEORY_SETTING: dict[str, tuple[str, ...]] = {
     "order": ("act_norm",),
     "init": ("gaussian", "xavier", "kaiming", "orthogonal"),  # each init's variance: theory_inputs
 }
-MAX_THEORY_SEEDS = 10  # seeds whose input Grams are averaged into one predicted line
 EpochArg = int | str | None  # a number, "last", or None (the kind's default)
 
 
@@ -123,7 +117,9 @@ def make_plot(
     frame = frame.drop(columns=[c for c in tied if c in frame.columns])
     at = _plot_epoch(frame, epoch)
     theory = title = None
-    if kind == "theory_overlay" and metrics[0] in STAGE_OF and not frame.empty:
+    if kind == "theory_overlay" and not frame.empty:  # service.plots.overlay
+        if metrics[0] == "grad_norm":  # drawn relative to the last block's, as predicted
+            frame = relative_to_last_block(frame)
         theory, title = overlay_predictions(
             store, frame, metrics[0], x=x, group_by=group_by, epoch=at, layer=layer
         )
@@ -239,131 +235,7 @@ def _one_trial(store: Store, sweep_id: int, trial_id: int, where: dict[str, Any]
     return out
 
 
-# --- mean-field predictions for theory_overlay ------------------------------------------------
-
-
-def overlay_predictions(
-    store: Store,
-    frame: pd.DataFrame,
-    metric: str,
-    *,
-    x: str | None,
-    group_by: str | None,
-    epoch: int | None,
-    layer: int | None,
-) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
-    """label → (layers ℓ, predicted gap) for every measured line of the overlay, and its title.
-
-    A line's prediction is the mean over its seeds (at most MAX_THEORY_SEEDS) of the mean-field
-    gaps started from each seed's input Gram; lines the theory cannot serve (a gain over
-    service.theory.DUAL_GAIN_MAX, no stored Gram yet) get none, and the title says why.
-    """
-    measured, _ = theory_overlay_series(
-        frame, metric, x=x, group_by=group_by, epoch=epoch, layer=layer
-    )
-    rows = metric_rows(frame, metric)
-    rows = rows[rows["epoch"] == resolve_epoch(rows, epoch, default="first")]
-    keys = list(measured.by)
-    groups = rows.groupby(keys, sort=False, dropna=False) if keys else [((), rows)]
-    theory, configs, skipped = {}, [], []
-    for key, part in groups:
-        label = line_label(key if isinstance(key, tuple) else (key,))
-        if label not in measured:
-            continue
-        trials = [store.get_trial(int(t)) for t in pd.unique(part["trial_id"])]
-        configs += [t.config for t in trials]
-        try:
-            predicted = line_prediction(store, trials, STAGE_OF[metric])
-        except (InvalidInput, LimitExceeded) as exc:
-            skipped.append(f"{label} ({exc.message})")
-            continue
-        if predicted is None:
-            skipped.append(f"{label} (no input Gram stored yet)")
-        else:
-            theory[label] = predicted
-    return theory, _title(metric, configs, skipped)
-
-
-def line_prediction(
-    store: Store, trials: list[TrialInfo], stage: str
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """(layers (D,), mean predicted gap (D,)) over the seeds of one line; each seed's deepest
-    trial stands for it (the prediction at ℓ does not depend on the total depth)."""
-    deepest: dict[int, Any] = {}
-    for t in trials:
-        seed = t.config["seed"]
-        if seed not in deepest or t.config["depth"] > deepest[seed].config["depth"]:
-            deepest[seed] = t
-    chosen = [deepest[s] for s in sorted(deepest)[:MAX_THEORY_SEEDS]]
-    preds = [p for t in chosen if (p := trial_prediction(store, t, stage)) is not None]
-    if not preds:
-        return None
-    D = max(len(p) for p in preds)
-    stack = np.zeros((len(preds), D))  # (seeds, D)
-    have = np.zeros((len(preds), D), dtype=bool)
-    for i, p in enumerate(preds):
-        stack[i, : len(p)], have[i, : len(p)] = p, True
-    with np.errstate(invalid="ignore"):
-        mean = np.where(have, stack, 0.0).sum(axis=0) / have.sum(axis=0)  # (D,) inf stays inf
-    return np.arange(1, D + 1), mean
-
-
-_CACHE: OrderedDict[tuple, np.ndarray | None] = OrderedDict()
-_CACHE_SIZE = 512
-_LOCK = threading.Lock()
-
-
-def trial_prediction(store: Store, trial: TrialInfo, stage: str) -> np.ndarray | None:
-    """Mean-field gaps (depth,) from the trial's input Gram and input moments, or None when no
-    Gram is stored. Cached: both are recorded with epoch 0 and fixed by the seed (and input_norm).
-
-    Trials recorded before `input_moments` existed get the unit-variance prediction."""
-    c = trial.config
-    source = trial.results_from or trial.id
-    key = (store.url, source, stage, *(c.get(f) for f in PREDICTION_FIELDS))
-    with _LOCK:
-        if key in _CACHE:
-            _CACHE.move_to_end(key)
-            return _CACHE[key]
-    gram = store.input_gram(trial.id)
-    if gram is None:
-        return None  # not cached: the Gram may arrive later
-    from service.theory import mean_field_gaps
-
-    gain, gram, variances = theory_inputs(c, gram, store.input_moments(trial.id))
-    gaps = mean_field_gaps(
-        c["activation"],
-        c["depth"],
-        gram,
-        gain=gain,
-        gain_exponent=c["gain_exponent"],
-        stage=stage,
-        centered=c["norm"] != "layer_scale",
-        input_variances=variances,
-    )
-    with _LOCK:
-        _CACHE[key] = gaps
-        while len(_CACHE) > _CACHE_SIZE:
-            _CACHE.popitem(last=False)
-    return gaps
-
-
-# What a trial's prediction depends on besides its stored Gram and moments (the cache key).
-PREDICTION_FIELDS = (
-    "activation",
-    "depth",
-    "activation_gain",
-    "init_gain",
-    "gain_exponent",
-    "norm",
-    "init",
-    "width",
-    "dataset",
-    "orthogonal_gain",
-    "bias",
-    "bias_init",
-    "input_norm",
-)
+# --- the LayerNorm theorem's inputs (`isosweep theory --trial`) -------------------------------
 
 
 def theory_inputs(
@@ -398,19 +270,3 @@ def theory_inputs(
     if config.get("bias") and config.get("bias_init") == "torch":
         Q = Q + 1.0 / (3.0 * d_in) / (g**2 * s_h)
     return gain, Q, np.diag(Q).copy()
-
-
-def _title(metric: str, configs: list[dict], skipped: list[str]) -> str:
-    title = f"{metric}: measured and mean-field prediction"
-    off = {
-        f: sorted({str(c[f]) for c in configs if c.get(f) not in wanted})
-        for f, wanted in THEORY_SETTING.items()
-    }
-    here = ", ".join(f"{f}={'/'.join(v)}" for f, v in off.items() if v)
-    if here:
-        want = ", ".join(f"{f}={'/'.join(v)}" for f, v in THEORY_SETTING.items())
-        title += f"\nthe prediction assumes {want}; this sweep has {here}"
-    if skipped:
-        text = "; ".join(skipped)
-        title += "\nno prediction for " + (text if len(text) <= 120 else text[:117] + "…")
-    return title

@@ -384,7 +384,7 @@ def test_importing_plots_does_not_import_matplotlib():
         ("training_curves", dict(metric="train_loss", x="depth"), "x", "epoch"),
         ("heatmap", dict(metric="grad_norm"), "depth", "20"),
         ("heatmap", dict(metric="train_loss", x="depth"), "group_by", "init"),
-        ("theory_overlay", dict(metric="grad_norm"), "metric", "isometry_gap/norm"),
+        ("theory_overlay", dict(metric="weight_isometry_gap"), "metric", "grad_norm"),
         (
             "theory_overlay",
             dict(metric="isometry_gap/act", theory={"a": ([1, 2], [1])}),
@@ -395,7 +395,8 @@ def test_importing_plots_does_not_import_matplotlib():
     ],
 )
 def test_bad_input_names_the_field(frame, kind, kwargs, field, allowed):
-    f = gaps(frame) if kind == "theory_overlay" and kwargs["metric"] != "grad_norm" else frame
+    # grad_norm's rows as the metric asked for (weight_isometry_gap: recorded, never predicted)
+    f = gaps(frame, kwargs["metric"]) if kind == "theory_overlay" else frame
     with pytest.raises(InvalidInput) as info:
         render(kind, f, **kwargs)
     assert info.value.field == field

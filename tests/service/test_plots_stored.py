@@ -1,20 +1,17 @@
-"""service.plots.stored: what a plot reads from the store, the per-trial filter, and the mean-field
-predictions of the theory overlay (averaged over seeds, labelled like the measured lines)."""
+"""service.plots.stored: what a plot reads from the store and the per-trial filter (the theory
+overlay's predictions: tests/service/test_plots_overlay.py)."""
 
 from __future__ import annotations
 
 import matplotlib
-import numpy as np
 import pytest
 from records import record, unit_gram
 
 from service.errors import InvalidInput, LimitExceeded, NotFound
-from service.isometry import isometry_gap
 from service.plots import PLOT_KINDS, stored
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
-from service.theory import mean_field_gaps
 
 
 @pytest.fixture
@@ -36,61 +33,6 @@ def _sweep(store, seeds=3, n=6, **params):
         batch.append((t.id, record(t.id, 1, c["depth"])))
     store.write_records(batch)
     return sweep, trials
-
-
-def test_identity_prediction_is_the_mean_input_gap_at_every_layer(store):
-    # κ(ρ) = ρ for σ(x) = x (only c₁ ≠ 0): the Gram, hence the gap, never changes with depth.
-    sweep, _ = _sweep(store, depth=[3, 5], activation="identity")
-    frame = store.read_metrics(sweep.id, metrics="isometry_gap/norm", epoch=[0])
-    theory, title = stored.overlay_predictions(
-        store, frame, "isometry_gap/norm", x="depth", group_by=None, epoch=None, layer=None
-    )
-    assert list(theory) == ["measured"]  # one line: depth is the x axis, nothing else varies
-    layers, gaps = theory["measured"]
-    assert list(layers) == [1, 2, 3, 4, 5]  # the deepest trial of each seed
-    expected = np.mean([isometry_gap(unit_gram(6, 100 + s)) for s in range(3)])
-    np.testing.assert_allclose(gaps, expected, rtol=1e-9)
-    assert "assumes" not in title  # LayerNorm, act_norm, Gaussian: the theory's own setting
-
-
-def test_each_line_averages_its_own_seeds_and_labels_match(store):
-    sweep, _ = _sweep(store, seeds=2, depth=4, activation=["relu", "tanh"], norm="batch")
-    frame = store.read_metrics(sweep.id, metrics="isometry_gap/act", epoch=[0])
-    theory, title = stored.overlay_predictions(
-        store, frame, "isometry_gap/act", x="layer", group_by="activation", epoch=None, layer=None
-    )
-    assert sorted(theory) == ["relu", "tanh"]
-    for act, (layers, gaps) in theory.items():
-        per_seed = [mean_field_gaps(act, 4, unit_gram(6, 100 + s), stage="act") for s in (0, 1)]
-        np.testing.assert_allclose(gaps, np.mean(per_seed, axis=0), rtol=1e-12)
-        assert list(layers) == [1, 2, 3, 4]
-    assert "norm=layer" in title and "this sweep has norm=batch" in title
-
-
-def test_overlay_renders_with_predictions_and_without_a_gram(store):
-    sweep, _ = _sweep(store, seeds=2, depth=[2, 3])
-    png = stored.make_plot(store, sweep.id, "theory_overlay", metric="isometry_gap/norm")
-    assert png.startswith(b"\x89PNG")
-    big = parse_spec(
-        {
-            "name": "g",
-            "parameters": {
-                "depth": 2,
-                "activation_gain": 8.0,
-                "activation": "tanh",
-                "epochs": 0,
-                "batch_size": 4,
-            },
-        }
-    )
-    s2 = store.create_sweep(big)
-    (t,), _ = store.list_trials(s2.id)
-    store.write_records([(t.id, record(t.id, 0, 2, input_gram=unit_gram(4, 1)))])
-    frame = store.read_metrics(s2.id, metrics="isometry_gap/norm", epoch=[0])
-    theory, title = stored.overlay_predictions(
-        store, frame, "isometry_gap/norm", x=None, group_by=None, epoch=None, layer=None
-    )
-    assert theory == {} and "no prediction for 0 (gain" in title  # gain 8 > 5; line "epoch 0"
 
 
 @pytest.mark.parametrize(
@@ -191,30 +133,6 @@ def test_a_layer_a_trial_lacks_is_still_named(store):
     with pytest.raises(InvalidInput) as exc:
         stored.make_plot(store, sweep.id, "depth_scaling", metric="grad_norm", layer=7)
     assert exc.value.field == "layer" and exc.value.allowed == ["1..5", "-1..-5"]
-
-
-def test_the_prediction_uses_the_init_gain_and_the_centering(store):
-    sweep, _ = _sweep(
-        store, seeds=1, depth=3, activation="sigmoid", activation_gain=0.8, init_gain=[1.0, 2.0],
-        norm=["layer", "layer_scale"],
-    )  # fmt: skip
-    frame = store.read_metrics(sweep.id, metrics="isometry_gap/act", epoch=[0])
-    theory, title = stored.overlay_predictions(
-        store, frame, "isometry_gap/act", x="layer", group_by="init_gain", epoch=None, layer=None
-    )
-    assert sorted(theory) == ["1, layer", "1, layer_scale", "2, layer", "2, layer_scale"]
-    for label, (layers, gaps) in theory.items():
-        g, norm = label.split(", ")
-        expected = mean_field_gaps(
-            "sigmoid", 3, unit_gram(6, 100), gain=0.8 * float(g), stage="act",
-            centered=norm == "layer",
-        )  # fmt: skip
-        np.testing.assert_allclose(gaps, expected, rtol=1e-12)
-        assert list(layers) == [1, 2, 3]
-    different = [theory[k][1] for k in ("1, layer", "2, layer", "2, layer_scale")]
-    assert not np.allclose(different[0], different[1])  # the gain enters
-    assert not np.allclose(different[1], different[2])  # and the centering
-    assert "assumes" not in title  # layer_scale is the theory's too (centered=False)
 
 
 def test_each_gap_metric_has_its_theory_stage():

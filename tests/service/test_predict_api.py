@@ -82,9 +82,21 @@ def test_route_refuses_bad_bodies_naming_the_field(client, body, field):
 
 
 def test_route_answers_families_it_does_not_cover_with_reasons(client):
-    r = client.post("/api/v1/theory/predict", json={"config": {"model": "transformer"}})
+    r = client.post("/api/v1/theory/predict", json={"config": {"model": "cnn"}})
     assert r.status_code == 200
-    assert r.json()["metrics"] == {} and "transformer" in r.json()["unpredicted"]["rms"]
+    assert r.json()["metrics"] == {} and "'cnn'" in r.json()["unpredicted"]["rms"]
+    r = client.post("/api/v1/theory/predict", json={"config": {"model": "transformer"}})
+    assert r.json()["metrics"] == {} and "mlp_ratio 0" in r.json()["unpredicted"]["rms"]
+
+
+def test_route_predicts_an_attention_stack_in_the_uniform_limit(client):
+    cfg = {"model": "transformer", "mlp_ratio": 0, "skip": False, "depth": 2, "batch_size": 4}
+    r = client.post("/api/v1/theory/predict", json={"config": cfg})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["metrics"]["token_cosine"] == [1.0, 1.0]
+    assert body["metrics"]["token_isometry_gap"] == ["Infinity", "Infinity"]
+    assert "softmax" in body["unpredicted"]["grad_norm"] and "uniform" in body["notes"]["attention"]
 
 
 def _theory(*args):
