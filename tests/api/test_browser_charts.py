@@ -95,7 +95,7 @@ def test_a_chart_shows_its_points_hover_values_and_hides_a_line(api, tab, depth_
     stored = value_of(tid[("orthogonal", 4)], 2, GRAD, 1)  # the mean of one seed: the value
     text = hover_text(tab, 4, stored)
     assert text.splitlines()[:2] == ["orthogonal", f"x = 4 · y = {fmt(stored)}"]
-    tab.screenshot(path=shots / "chart-hover.png", clip=chart_box(tab))
+    shoot(tab, shots / "chart-hover.png")
 
     tab.locator(".u-legend .u-series", has_text="gaussian").click()
     (panel,) = tab.evaluate(PANELS)
@@ -109,8 +109,9 @@ def test_a_chart_shows_its_points_hover_values_and_hides_a_line(api, tab, depth_
     assert tab.errors == []
 
 
-def chart_box(page) -> dict:
-    return page.locator("figure[data-chart]").first.bounding_box()
+def shoot(page, path) -> None:
+    """A screenshot of the page's first chart, whole (scrolled into view)."""
+    page.locator("figure[data-chart]").first.screenshot(path=path)
 
 
 def test_the_log_switch_and_its_refusal_for_values_at_or_below_zero(api, tab, depth_sweep, shots):  # noqa: F811
@@ -133,7 +134,7 @@ def test_the_log_switch_and_its_refusal_for_values_at_or_below_zero(api, tab, de
     x_log = tab.locator("figure[data-chart] select[data-axis=x] option[value=log]").first
     assert x_log.is_disabled()
     assert "values ≤ 0" in tab.locator("label.chart-scale.off").first.get_attribute("title")
-    tab.screenshot(path=shots / "chart-training.png", clip=chart_box(tab))
+    shoot(tab, shots / "chart-training.png")
     assert tab.errors == []
 
 
@@ -184,7 +185,7 @@ def test_a_nonfinite_value_is_pinned_at_the_edge_and_hovered(api, tab, shots):  
     tip = tab.locator("figure[data-chart] .chart-tip").first
     tip.wait_for(state="visible")
     assert tip.inner_text().splitlines()[:2] == ["4", "x = 2 · y = +∞"]
-    tab.screenshot(path=shots / "chart-pinned.png", clip=chart_box(tab))
+    shoot(tab, shots / "chart-pinned.png")
     assert tab.errors == []
 
 
@@ -236,7 +237,7 @@ def test_screenshots_of_the_charts(api, tab, shots):  # noqa: F811
     sid = submit(api, body)["id"]
     run_all(api, sid)
     open_chart(tab, api, f"/sweeps/{sid}")
-    tab.screenshot(path=shots / "chart-sweep.png", full_page=True)
+    shoot(tab, shots / "chart-sweep.png")
     open_chart(tab, api, f"/sweeps/{sid}?kind=theory_overlay")
-    tab.screenshot(path=shots / "chart-theory_overlay.png", clip=chart_box(tab))
+    shoot(tab, shots / "chart-theory_overlay.png")
     assert tab.errors == []

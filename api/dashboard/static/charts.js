@@ -180,7 +180,7 @@ window.IsosweepCharts = (function () {
       const idx = s.order.filter((i) => okX(s.x[i]));
       if (s.style === "points") {
         const xs = [...new Set(idx.map((i) => s.x[i]))];
-        return [xs, xs.map(() => null)]; // drawn by drawPoints; here for the legend and x range
+        return [xs, xs.map(() => null)]; // drawn by drawOver; here for the legend and x range
       }
       return [idx.map((i) => s.x[i]), idx.map((i) => (shownY(s.y[i]) ? s.y[i] : null))];
     });
@@ -188,12 +188,12 @@ window.IsosweepCharts = (function () {
     const xs = data[0];
     const allX = P.series.flatMap((s) => s.x.filter(okX));
     const padX = P.series.some((s) => s.style === "points" || s.style === "bars") ? 0.04 : 0;
-    let full = panel.x.range ? panel.x.range.map(num) : extent(allX, xlog, padX);
-    if (P.ticks && !panel.x.range) full = [-0.5, P.ticks.length - 0.5];
-    if (!padX && !P.ticks && !panel.x.range && allX.length) {
-      full = minmax(allX);
-      if (full[0] === full[1]) full = extent(allX, xlog, 0.05);
-    }
+    let full; // the x range zoomed out: the figure's, a category's slots, or the data's
+    if (panel.x.range) full = panel.x.range.map(num);
+    else if (P.ticks) full = [-0.5, P.ticks.length - 0.5];
+    else if (padX) full = extent(allX, xlog, padX); // points and bars: room at the ends
+    else full = minmax(allX);
+    if (!(full[0] < full[1])) full = extent(allX, xlog, 0.05); // one x value, or none
     const rules = panel.rules || [];
 
     // y follows what is shown: the visible series' values (and bands) inside the x window
@@ -241,8 +241,9 @@ window.IsosweepCharts = (function () {
       yAxis.values = (u, splits) => splits.map(fmt);
     }
 
+    const thin = P.series.length > 20; // many lines: 1 px strokes, cheaper to rasterize
     const seriesOpts = P.series.map((s) => {
-      const o = { label: s.label, stroke: s.color, width: 1.5, spanGaps: false };
+      const o = { label: s.label, stroke: s.color, width: thin ? 1 : 1.5, spanGaps: false };
       if (s.dash) o.dash = s.dash;
       if (s.style === "step") o.paths = uPlot.paths.stepped({ align: 1 });
       if (s.style === "bars") {
