@@ -184,7 +184,7 @@ def bn_backward_gaussian(Sigma: np.ndarray, D: np.ndarray, eps: float, centred: 
     a = weight.sum()
     b = (weight * t) @ mu  # diag of B
     w2 = weight * t * t / 2.0
-    quartic = 2.0 * np.einsum("k,ka,kd->ad", w2, mu, mu) * Dt
+    quartic = 2.0 * ((mu.T * w2) @ mu) * Dt
     quartic += np.diag((w2 * (mu @ np.diag(Dt))) @ mu)  # M·tr(D̃M), node by node
     inner = a * Dt - (Dt * b[None, :] + b[:, None] * Dt) + quartic
     return n / scale * (U @ inner @ U.T)
