@@ -33,6 +33,7 @@ from api.routes.deps import (
 from api.schemas import ChartPublic
 from service.errors import InvalidInput, NotFound
 from service.plots import PLOT_KINDS, PLOT_OPTIONS
+from service.plots.charts_search import make_search_chart
 from service.plots.defaults import DEFAULT_METRIC, default_metric
 from service.plots.search import SEARCH_PARAMETERS, SEARCH_PLOT_KINDS, make_search_plot
 from service.plots.stored import make_plot
@@ -179,9 +180,12 @@ def _search_draw(
         raise InvalidInput(f"{kind} draws one objective, got {len(metrics)}", field="metric")
 
     def draw() -> bytes:
-        return make_search_plot(
-            store, sweep_id, kind, fmt=fmt, metric=metrics[0] if metrics else None, mode=mode,
-            epoch=epoch, layer=layer, yscale=others["yscale"], where=filters,
+        args: dict[str, Any] = dict(
+            metric=metrics[0] if metrics else None, mode=mode, epoch=epoch, layer=layer,
+            yscale=others["yscale"], where=filters,
         )  # fmt: skip
+        if fmt == "json":
+            return make_search_chart(store, sweep_id, kind, **args)
+        return make_search_plot(store, sweep_id, kind, fmt=fmt, **args)
 
     return draw

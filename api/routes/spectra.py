@@ -10,7 +10,7 @@ their plots are trial-scoped; `compare` draws more trials (other depths) beside 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import Response
@@ -23,6 +23,7 @@ from api.routes.plots import FORMAT_TEXT, IMAGE_RESPONSES, MEDIA
 from api.schemas import Real
 from service import jsonfmt
 from service.config import SPECTRUM_KEYS
+from service.plots.charts_search import make_spectrum_chart
 from service.plots.spectra import SPECTRUM_PLOT_KINDS, make_spectrum_plot
 from service.status import TrialStatus
 
@@ -131,10 +132,10 @@ async def read_spectrum_plot(
     asked = (kind, name, at, tuple(layer or ()), format)
 
     def draw() -> bytes:
-        return make_spectrum_plot(
-            store, trial_id, kind, name=name, epoch=at, layers=layer, compare=compare or (),
-            fmt=format,
-        )  # fmt: skip
+        args: dict[str, Any] = dict(name=name, epoch=at, layers=layer, compare=compare or ())
+        if format == "json":
+            return make_spectrum_chart(store, trial_id, kind, **args)
+        return make_spectrum_plot(store, trial_id, kind, fmt=format, **args)
 
     image = await heavy.cached(
         cache, ("spectrum-plot", version, asked), draw, final=final,

@@ -1,6 +1,7 @@
 """The JSON form (service.plots.charts) of the search kinds (service.plots.search) and of a
 trial's spectra (service.plots.spectra): the numbers and texts their figures draw, from the same
-series functions, as `format=json` answers them.
+series functions, as `format=json` answers them (make_search_chart, make_spectrum_chart: the
+checks of make_search_plot and make_spectrum_plot, then these builders).
 
 - search_history: per study its trials' objective (points) and the best so far (a step line);
 - search_slice: a panel per parameter, the objective against it (points; a choice's values at
@@ -20,20 +21,26 @@ from typing import Any
 
 import numpy as np
 
-from service.plots.charts import axis, chart, no_data, panel, rule, series
+from service.plots.charts import axis, chart, chart_bytes, no_data, panel, rule, series
 from service.plots.search import (
     Rungs,
     SearchTrials,
     _notes,
     _positions,
     _ylog,
+    build_search_with,
     check_params,
     history_series,
     is_log,
     parallel_axes,
     param_importances,
 )
-from service.plots.spectra import _gram_text, normalized_spectra, singular_value_cdf
+from service.plots.spectra import (
+    _gram_text,
+    build_spectrum_with,
+    normalized_spectra,
+    singular_value_cdf,
+)
 
 STOPPED, WENT_ON, BOUNDARY = "#d62728", "#1f77b4", "#000000"  # the halving figure's colours
 
@@ -149,6 +156,13 @@ SEARCH_CHARTS: dict[str, Any] = {  # kind → its chart of (the kind's data, ysc
     "halving_rungs": halving_chart,
 }
 
+
+def make_search_chart(store: Any, sweep_id: int, kind: str, **args: Any) -> bytes:
+    """A search kind's chart as JSON bytes: make_search_plot's arguments but the format, its
+    checks (service.plots.search.build_search_with) and 422s."""
+    return chart_bytes(kind, build_search_with(SEARCH_CHARTS, store, sweep_id, kind, **args))
+
+
 # --- spectra ------------------------------------------------------------------------------------
 
 
@@ -202,3 +216,10 @@ def jacobian_chart(
 
 
 SPECTRUM_CHARTS: dict[str, Any] = {"spectrum": spectrum_chart, "jacobian_spectrum": jacobian_chart}
+
+
+def make_spectrum_chart(store: Any, trial_id: int, kind: str, **args: Any) -> bytes:
+    """A spectrum kind's chart as JSON bytes: make_spectrum_plot's arguments but the format, its
+    checks (service.plots.spectra.build_spectrum_with) and 422s."""
+    body = build_spectrum_with(SPECTRUM_CHARTS, no_data, store, trial_id, kind, **args)
+    return chart_bytes(kind, body)

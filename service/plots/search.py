@@ -415,8 +415,8 @@ def make_search_plot(
     yscale: str | None = None,
     where: dict[str, Any] | None = None,
 ) -> bytes:
-    """One search plot of a stored sweep as PNG or SVG bytes, or its chart as JSON (fmt
-    "json": service.plots.charts_search, the same numbers).
+    """One search plot of a stored sweep as PNG or SVG bytes; its chart as JSON is
+    service.plots.charts_search.make_search_chart (the same checks and numbers).
 
     Raises:
         NotFound: no such sweep.
@@ -424,15 +424,10 @@ def make_search_plot(
             not take; a sweep the kind cannot read (no parameter, too few completed trials, no
             early_stop for halving_rungs), naming why.
     """
-    check_choice(fmt, ("png", "svg", "json"), "format")  # before the figure is drawn, not after
+    check_choice(fmt, ("png", "svg"), "format")  # before the figure is drawn, not after
     args: dict[str, Any] = dict(
         metric=metric, mode=mode, epoch=epoch, layer=layer, yscale=yscale, where=where
     )
-    if fmt == "json":
-        from service.plots.charts import chart_bytes
-        from service.plots.charts_search import SEARCH_CHARTS
-
-        return chart_bytes(kind, build_search_with(SEARCH_CHARTS, store, sweep_id, kind, **args))
     from service.plots.draw import to_bytes
 
     return to_bytes(build_search_figure(store, sweep_id, kind, **args), fmt)

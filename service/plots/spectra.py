@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 SPECTRUM_PLOT_KINDS: tuple[str, ...] = ("spectrum", "jacobian_spectrum")
 JACOBIAN_KEY = "jacobian_singular_values"
-GRAM_SPECTRA = tuple(k for k in SPECTRUM_KEYS if k != JACOBIAN_KEY)
+GRAM_SPECTRA = tuple(k for k in SPECTRUM_KEYS if k.startswith("spectrum/"))  # eigenvalues
 DEFAULT_SPECTRUM = "spectrum/act"
 MAX_LAYER_LINES = 6  # layers drawn by default, evenly spread from the first to the last
 MAX_LAYERS = 12  # layers one spectrum plot may draw
@@ -166,8 +166,8 @@ def make_spectrum_plot(
     compare: Sequence[int] = (),
     fmt: str = "png",
 ) -> bytes:
-    """One spectrum plot of a stored trial as PNG or SVG bytes (docs/plots.md, "Spectra"), or
-    its chart as JSON (fmt "json": service.plots.charts_search, the same numbers).
+    """One spectrum plot of a stored trial as PNG or SVG bytes (docs/plots.md, "Spectra"); its
+    chart as JSON is service.plots.charts_search.make_spectrum_chart (the same checks, numbers).
 
     Args:
         store: a service.store.Store.
@@ -183,38 +183,55 @@ def make_spectrum_plot(
         InvalidInput: a name, layer, epoch or parameter the kind does not take, naming it.
         LimitExceeded: the read is over Settings.max_points.
     """
-    if kind not in SPECTRUM_PLOT_KINDS:
-        raise NotFound(f"no spectrum plot kind {kind!r} (kinds: {', '.join(SPECTRUM_PLOT_KINDS)})")
-    if fmt not in (*FORMATS, "json"):
-        raise InvalidInput(f"unknown format {fmt!r}", field="format", allowed=(*FORMATS, "json"))
-    chart = fmt == "json"
-    epoch = "last" if epoch is None else epoch
-    if kind == "spectrum":
-        if compare:
-            msg = "spectrum draws one trial; compare is for jacobian_spectrum"
-            raise InvalidInput(msg, field="compare")
-        fig = _spectrum_plot(store, trial_id, name or DEFAULT_SPECTRUM, epoch, layers, chart)
-    else:
-        if layers:
-            raise InvalidInput("jacobian_spectrum has no layers", field="layer")
-        if name not in (None, JACOBIAN_KEY):
-            raise InvalidInput(f"{name!r} is not drawn here", field="name", allowed=[JACOBIAN_KEY])
-        fig = _jacobian_plot(store, [trial_id, *compare], epoch, chart)
-    if chart:
-        from service.plots.charts import chart_bytes
+    if fmt not in FORMATS:
+        raise InvalidInput(f"unknown format {fmt!r}", field="format", allowed=FORMATS)
+    from service.plots import draw
 
-        return chart_bytes(kind, fig)
+    figures = {"spectrum": spectrum_figure, "jacobian_spectrum": jacobian_figure}
+    fig = build_spectrum_with(
+        figures, draw.no_data, store, trial_id, kind, name=name, epoch=epoch, layers=layers,
+        compare=compare,
+    )  # fmt: skip
     from service.plots.draw import to_bytes
 
     return to_bytes(fig, fmt)
 
 
+def build_spectrum_with(
+    builders: dict[str, Any],
+    no_data: Any,
+    store: Any,
+    trial_id: int,
+    kind: str,
+    *,
+    name: str | None = None,
+    epoch: int | str | None = None,
+    layers: Sequence[int] | None = None,
+    compare: Sequence[int] = (),
+) -> Any:
+    """The checks of make_spectrum_plot, then `builders[kind]` (spectrum_figure and
+    jacobian_figure, or a chart's: service.plots.charts_search), or `no_data(title, reason)`
+    where nothing is stored: one path, so a figure and its chart refuse the same requests."""
+    if kind not in SPECTRUM_PLOT_KINDS:
+        raise NotFound(f"no spectrum plot kind {kind!r} (kinds: {', '.join(SPECTRUM_PLOT_KINDS)})")
+    epoch = "last" if epoch is None else epoch
+    if kind == "spectrum":
+        if compare:
+            msg = "spectrum draws one trial; compare is for jacobian_spectrum"
+            raise InvalidInput(msg, field="compare")
+        name = name or DEFAULT_SPECTRUM
+        return _spectrum_plot(builders, no_data, store, trial_id, name, epoch, layers)
+    if layers:
+        raise InvalidInput("jacobian_spectrum has no layers", field="layer")
+    if name not in (None, JACOBIAN_KEY):
+        raise InvalidInput(f"{name!r} is not drawn here", field="name", allowed=[JACOBIAN_KEY])
+    return _jacobian_plot(builders, no_data, store, [trial_id, *compare], epoch)
+
+
 def _spectrum_plot(
-    store: Any, trial_id: int, name: str, epoch: int | str, layers: Sequence[int] | None,
-    chart: bool = False,
+    build: dict[str, Any], no_data: Any, store: Any, trial_id: int, name: str,
+    epoch: int | str, layers: Sequence[int] | None,
 ) -> Any:  # fmt: skip
-    """The figure (or with `chart`, the chart: service.plots.charts_search) of a Gram spectrum."""
-    build, draw = _builders(chart)
 
     if name not in GRAM_SPECTRA:
         raise InvalidInput(f"spectrum draws a Gram spectrum, not {name!r}", field="name",
@@ -230,24 +247,12 @@ def _spectrum_plot(
     title = f"trial {trial_id}: {name} eigenvalues per layer"
     found = store.spectra(trial_id, name=name, epoch=epoch)
     if not found:
-        return draw.no_data(title, f"no {name} stored (the trial's `spectra` option is off?)")
+        return no_data(title, f"no {name} stored (the trial's `spectra` option is off?)")
     s = found[0]
     return build["spectrum"](
         s.values, name=name, epoch=s.epoch, layers=sorted(set(chosen)), title=title,
         note=config_note(config),
     )  # fmt: skip
-
-
-def _builders(chart: bool) -> tuple[dict[str, Any], Any]:
-    """(kind → the figure's or the chart's builder, the module whose `no_data` says why not)."""
-    if chart:
-        from service.plots import charts
-        from service.plots.charts_search import SPECTRUM_CHARTS
-
-        return SPECTRUM_CHARTS, charts
-    from service.plots import draw
-
-    return {"spectrum": spectrum_figure, "jacobian_spectrum": jacobian_figure}, draw
 
 
 def config_note(config: dict[str, Any]) -> str:
@@ -256,9 +261,9 @@ def config_note(config: dict[str, Any]) -> str:
     return ", ".join(f"{k} {config[k]}" if k != "activation" else str(config[k]) for k in keys)
 
 
-def _jacobian_plot(store: Any, trial_ids: list[int], epoch: int | str, chart: bool = False) -> Any:
-    """The figure (or with `chart`, the chart) of the trials' Jacobian singular values."""
-    build, draw = _builders(chart)
+def _jacobian_plot(
+    build: dict[str, Any], no_data: Any, store: Any, trial_ids: list[int], epoch: int | str
+) -> Any:
 
     ids = list(dict.fromkeys(trial_ids))
     if len(ids) > MAX_TRIALS:
@@ -273,7 +278,7 @@ def _jacobian_plot(store: Any, trial_ids: list[int], epoch: int | str, chart: bo
             epochs.add(found[0].epoch)
     title = "input–output Jacobian singular values"
     if not lines:
-        return draw.no_data(title, "no Jacobian stored (the trials' jacobian_samples is 0?)")
+        return no_data(title, "no Jacobian stored (the trials' jacobian_samples is 0?)")
     shown = epochs.pop() if len(epochs) == 1 else "last of each trial"
     ordered = len({t.config["depth"] for t in trials}) > 1
     return build["jacobian_spectrum"](lines, epoch=shown, title=title, ordered=ordered)
