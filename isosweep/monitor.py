@@ -12,9 +12,13 @@
 `record(step, **scalars)` measures the fixed batch `x` with `isosweep.probe` (workers/probe.py)
 now — the module is left as it was — and stores that record, with the user's scalars, as the
 record of epoch = step of an external trial of the named sweep (service/store/external.py),
-either in a local `Store` (`store=`) or on a server through `Client` (`client=`). It returns
-True to go on, False once the sweep was cancelled (`POST /sweeps/{id}/cancel`, the dashboard's
-button) or the run diverged (a non-finite scalar); the record that sees it is still stored.
+either in a local `Store` (`store=`) or on a server through `Client` (`client=`): every key
+probe returns — the per-tap metrics (effective and stable rank, the registered ones), the
+attention entropy, and the update ratio since the previous record included. It returns True to
+go on, False once the sweep was cancelled (`POST /sweeps/{id}/cancel`, the dashboard's button)
+or the run diverged (a non-finite scalar; also a resumed run that had diverged); the record that
+sees it is still stored. The user's config becomes the trial's `model_params` (flattened), so
+`model_params.<name>` filters, plot axes, group-bys and compare read it.
 """
 
 from __future__ import annotations
@@ -26,8 +30,12 @@ from collections.abc import Mapping, Sequence
 from numbers import Real
 from typing import Any
 
-from service.config import METRICS
+import numpy as np
+
+from service.config import SPECTRUM_KEYS
 from service.errors import InvalidInput
+from service.metric_names import metric_names
+from service.status import TrialStatus
 from service.store.external import LOOP_SCALARS, flatten
 
 # The user's scalar keywords: the store's loop scalars and two short spellings.
@@ -45,12 +53,14 @@ class Monitor:
         client: an `isosweep.Client` — records go to its server; or
         store: a `service.store.Store` — records go to its database (exactly one of the two).
         sweep: the external sweep's name; created on first use, found again by name.
-        config: the run's free-form config (nested mappings become dotted names); kept in the
-            sweep's spec (`parameters`, and `runs[run]`).
+        config: the run's free-form config (nested mappings become dotted names, a value that
+            is not a JSON scalar its JSON text): the trial's `model_params`, and an entry of
+            the sweep's `model_params` axis.
         run: the run key that finds this run's trial again after a restart (default: a digest
             of the flattened config, so the same config resumes the same trial).
-        update_ratio: also pass the weights of the last record to probe (`previous`), so
-            `last_record` has update_ratio (not stored: see `dropped`).
+        update_ratio: keep the matrix weights of each record (one copy) and store the update
+            ratio per tap since the previous record of this Monitor (NaN at its first, also
+            after a restart: the previous weights are gone with the process).
 
     Raises:
         InvalidInput: neither or both of client and store, a tap that is not a submodule.
@@ -94,12 +104,16 @@ class Monitor:
         self.trial_id: int = trial["id"]
         self.last_step: int | None = trial["last_epoch"]  # where a resumed run left off
         self.status: str = trial["status"]
-        self.stopped = False  # cancelled or diverged: record() returns False from then on
         self.cancelled = False
         self.diverged = trial["diverged_epoch"] is not None
+        # cancelled or diverged — a resumed run that diverged too —: record() returns False
+        self.stopped = self.diverged or self.status == TrialStatus.DIVERGED
         self.last_record: dict[str, Any] | None = None  # probe's whole record, last step
-        self.dropped: tuple[str, ...] = ()  # its keys the store does not take (not stored)
-        self._previous: dict[str, Any] | None = None
+        self.dropped: tuple[str, ...] = ()  # its keys the store does not take (none known)
+        # (step, matrix weights) of this Monitor's last record and of the one before it: the
+        # update ratio of a step is since the last earlier step (the same step again: the same)
+        self._last: tuple[int, dict[str, Any]] | None = None
+        self._before: tuple[int, dict[str, Any]] | None = None
 
     def __repr__(self) -> str:
         return f"isosweep.Monitor(sweep {self.sweep_id}, trial {self.trial_id}, run {self.run!r})"
@@ -130,10 +144,11 @@ class Monitor:
         values = _scalars(scalars)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidInput(f"a step is an integer ≥ 0, not {step!r}", field="step")
-        record = self._probe(diverging=any(not math.isfinite(v) for v in values.values()))
+        record = self._probe(step, diverging=any(not math.isfinite(v) for v in values.values()))
         self.last_record = {**record, **values}
-        kept = {k: v for k, v in record.items() if k in METRICS}
-        self.dropped = tuple(k for k in record if k not in METRICS)
+        storable = {*metric_names(), *SPECTRUM_KEYS}
+        kept = {k: v for k, v in record.items() if k in storable}
+        self.dropped = tuple(k for k in record if k not in storable)
         answer = self._io.append(self.trial_id, step, {**kept, **values})
         self.last_step = answer["last_step"]
         self.status = answer["status"]
@@ -142,20 +157,30 @@ class Monitor:
         self.stopped = self.cancelled or self.diverged
         return not self.stopped
 
-    def _probe(self, *, diverging: bool) -> dict[str, Any]:
+    def _probe(self, step: int, *, diverging: bool) -> dict[str, Any]:
         from workers.probe import probe
 
+        earlier = self._before if self._last is not None and self._last[0] == step else self._last
+        previous = earlier[1] if self.update_ratio and earlier is not None else None
         try:
             record = probe(
                 self.module, self.x, y=self.y, loss=self.loss, taps=self.taps, head=self.head,
-                mode=self.mode, previous=self._previous,  # type: ignore[arg-type]
+                mode=self.mode, previous=previous,  # type: ignore[arg-type]
             )  # fmt: skip
         except Exception:
             if not diverging:
                 raise
             return {}  # a diverged model may not be measurable: its scalars are the record
         if self.update_ratio:
-            self._previous = {k: v.detach().clone() for k, v in self.module.named_parameters()}
+            if previous is None:  # a first record (or the first after a restart): NaN
+                record["update_ratio"] = np.full(len(self.taps), math.nan)
+                if "head_weight_isometry_gap" in record:
+                    record["head_update_ratio"] = math.nan
+            if self._last is None or self._last[0] < step:
+                self._before = self._last
+            # the weights update_ratio reads: those with two or more axes
+            now = {k: v.detach().clone() for k, v in self.module.named_parameters() if v.ndim >= 2}
+            self._last = (step, now)
         return record
 
     def finish(self) -> str:

@@ -122,6 +122,12 @@ class TrialConfig(BaseModel):
         description="re-run epoch 0's probe in float64 and store each float32 metric's relative "
         "difference from it, precision_diff/<metric> (no effect under float64)",
     )
+    tap_metrics: bool = Field(
+        False,
+        description="record the per-tap metrics of each block's output at every recorded "
+        "epoch: effective_rank, stable_rank and the server's registered ones (one SVD per "
+        "block; docs/probe.md)",
+    )
     epoch0_train_samples: int | None = Field(
         EPOCH0_TRAIN_SAMPLES,
         ge=1,

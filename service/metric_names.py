@@ -1,9 +1,20 @@
 """The names of what a trial records: scalar and per-layer metrics, the other keys of an epoch
 record, the 2-D arrays stored as spectra (docs/architecture.md, "The epoch record"). A module of
 its own so that service.config (TrialConfig) and service.models (which metrics a model records)
-both import it and neither imports the other. service.config re-exports every name."""
+both import it and neither imports the other. service.config re-exports every name.
+
+Besides the built-in names (tuples, fixed at import), a lab's per-tap metrics
+(`isosweep.register_metric`, workers/custom_metrics.py; docs/probe.md "Your own metrics") are
+per-layer metrics too, known once the server's configured modules are imported
+(ISOSWEEP_MODEL_MODULES, the `isosweep.models` entry points: service.models.load_registered):
+`lab_metrics()`, and `metric_names()` / `is_layer_metric()` that the store and the routes check
+names against. Their functions are kept here as opaque objects (a worker calls them; the
+service never does), so the service knows the names without importing torch.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 # The precision check (TrialConfig.precision_check; docs/science.md, "Precision"): at epoch 0 a
 # float32 trial's probe re-run in float64, and for each of these per-layer metrics its relative
@@ -29,6 +40,7 @@ _SCALARS: tuple[str, ...] = (
     "epoch_time_s",
     "head_grad_norm",  # Frobenius norm of ∂L/∂W of the classifier head, probe batch
     "head_weight_isometry_gap",  # gap(W Wᵀ) of the classifier head
+    "head_update_ratio",  # ‖ΔW‖_F/‖W‖_F of the head since the previous recorded epoch
 )
 _LAYERS: tuple[str, ...] = (
     "isometry_gap/linear",  # gap of the Gram of block ℓ's Linear output, probe batch
@@ -63,6 +75,16 @@ _LAYERS: tuple[str, ...] = (
     "isometry_gap_error/attn",
     "isometry_gap_error/mlp",
     "isometry_gap_error/output",
+    # per-tap metrics of each block's output (docs/probe.md; docs/science.md "Per-layer
+    # measures"): with TrialConfig.tap_metrics, as the lab's registered ones
+    "effective_rank",  # exp of the entropy of the normalized singular values of H (n, −1)
+    "stable_rank",  # ‖H‖²_F / ‖H‖²₂
+    # ‖W_ℓ(e) − W_ℓ(e_prev)‖_F / ‖W_ℓ(e_prev)‖_F over the block's weights, from the previous
+    # recorded epoch e_prev (absent at epoch 0)
+    "update_ratio",
+    # attention layers: mean over heads of each head's mean entropy of a query's attention
+    # distribution (per head: attention_entropy_heads)
+    "attention_entropy",
 )
 SCALAR_METRICS: tuple[str, ...] = _SCALARS
 # with precision_check, at epoch 0: |x₃₂ − x₆₄|/|x₆₄| of each checked metric, per layer
@@ -87,4 +109,46 @@ SPECTRUM_KEYS: tuple[str, ...] = (
     "spectrum/mlp",
     "spectrum/output",
     "jacobian_singular_values",
+    # per layer and head (L, heads): the mean over the probe batch's queries of the entropy of a
+    # query's attention distribution (attention_entropy is its mean over heads)
+    "attention_entropy_heads",
 )
+# The built-in per-tap metrics: functions of one tap's features that `probe`, and a trial with
+# TrialConfig.tap_metrics, record per block (workers/custom_metrics.py).
+TAP_METRICS: tuple[str, ...] = ("effective_rank", "stable_rank")
+
+# --- the lab's per-tap metrics (isosweep.register_metric) --------------------------------------
+
+_LAB: dict[str, Any] = {}  # name → fn(features) -> float, in registration order
+
+
+def register_lab_metric(name: str, fn: Any, *, replace: bool = False) -> None:
+    """Record `fn` under `name` (workers.custom_metrics.register_metric checks fn and calls
+    this). Raises ValueError for a name that is not an identifier, is a built-in metric or
+    record key, or is registered already with another fn (unless `replace`)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a metric name is an identifier, not {name!r}")
+    if name in (*METRICS, *RECORD_KEYS, *SPECTRUM_KEYS):
+        raise ValueError(f"{name!r} is a built-in metric or record key; choose another name")
+    if name in _LAB and not replace and _LAB[name] is not fn:
+        raise ValueError(f"metric {name!r} is registered already (replace=True replaces it)")
+    _LAB[name] = fn
+
+
+def lab_metrics() -> dict[str, Any]:
+    """The lab's registered per-tap metrics (name → fn), once the configured modules are
+    imported (service.models.load_registered)."""
+    from service.models import load_registered
+
+    load_registered()
+    return dict(_LAB)
+
+
+def metric_names() -> tuple[str, ...]:
+    """Every metric a record may hold: METRICS, then the lab's per-tap metrics by name."""
+    return (*METRICS, *sorted(lab_metrics()))
+
+
+def is_layer_metric(name: str) -> bool:
+    """A per-layer metric: one of LAYER_METRICS, or a lab's per-tap metric."""
+    return name in LAYER_METRICS or (name not in SCALAR_METRICS and name in lab_metrics())

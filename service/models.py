@@ -36,7 +36,13 @@ from pydantic.fields import FieldInfo
 
 from service import library_models as library
 from service.errors import InvalidInput
-from service.metric_names import LAYER_METRICS, PRECISION_CHECKED_LAYERS, PRECISION_PREFIX
+from service.metric_names import (
+    LAYER_METRICS,
+    PRECISION_CHECKED_LAYERS,
+    PRECISION_PREFIX,
+    TAP_METRICS,
+    lab_metrics,
+)
 from service.param_columns import column_of
 from service.pydantic_errors import invalid_from_pydantic
 
@@ -169,8 +175,16 @@ def _external(*_: Any, **__: Any) -> Any:
     )
 
 
-# The trials of isosweep.Monitor (service/store/external.py): one tap kind, "output"; never run.
-EXTERNAL = RegisteredModel("external", _external, NoParams, "tap.{i}")
+class FreeParams(BaseModel):
+    """An external trial's parameters: the user's own config, flattened into fields of JSON
+    scalars (service/store/external.py `flatten`), taken as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# The trials of isosweep.Monitor (service/store/external.py): one tap kind, "output"; never run;
+# model_params = the run's free-form config (filters, plot axes and compare read it).
+EXTERNAL = RegisteredModel("external", _external, FreeParams, "tap.{i}")
 
 # Families built from other libraries' constructors (service/library_models.py, docs/models.md
 # "Models people already have"), by the worker modules named; optional extras.
@@ -250,19 +264,29 @@ def tap_kinds(config: TrialConfig) -> tuple[str, ...]:
 
 
 def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
-    """The per-layer metrics a trial records, in service.config.LAYER_METRICS' order."""
+    """The per-layer metrics a trial records, in service.config.LAYER_METRICS' order, then the
+    lab's registered per-tap metrics (with tap_metrics) by name. update_ratio is in every
+    record (NaN at the first: nothing to compare with); attention_entropy is recorded by the
+    attention layers of the transformer family, and by `probe` at attention taps (external
+    trials)."""
     kinds = tap_kinds(config)
     have = {
         f"{m}/{k}"
         for m in ("isometry_gap", "range_isometry_gap", "isometry_gap_error")
         for k in kinds
     }
-    have |= {"weight_isometry_gap", "grad_norm", "rms", "mean_cosine"}
+    have |= {"weight_isometry_gap", "grad_norm", "rms", "mean_cosine", "update_ratio"}
     if config.model == "transformer" or (config.model in LIBRARY and LIBRARY[config.model].tokens):
         have |= {"token_isometry_gap", "token_cosine"}
     if config.precision_check:  # at epoch 0 (docs/science.md, "Precision")
         have |= {PRECISION_PREFIX + m for m in PRECISION_CHECKED_LAYERS if m in have}
-    return tuple(m for m in LAYER_METRICS if m in have)
+    if config.model in ("transformer", EXTERNAL.name):
+        have.add("attention_entropy")
+    lab: tuple[str, ...] = ()
+    if config.tap_metrics:  # each block's output (docs/probe.md, "Your own metrics")
+        have |= set(TAP_METRICS)
+        lab = tuple(sorted(lab_metrics()))
+    return (*(m for m in LAYER_METRICS if m in have), *lab)
 
 
 # --- model parameters as filters (service.param_columns) --------------------------------------

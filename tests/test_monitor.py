@@ -1,5 +1,8 @@
 """isosweep.Monitor (docs/own-loop.md): the user's own training loop records external trials,
-in a local Store and on a live server (the external REST routes, api/routes/external.py)."""
+in a local Store and on a live server (the external REST routes, api/routes/external.py): every
+key probe returns (the per-tap metrics, the attention entropy, the update ratio between
+records), the user's config as the trial's model_params (filters, group-bys), resume after a
+restart, cancel and divergence (a resumed diverged run stops too)."""
 
 from __future__ import annotations
 
@@ -64,32 +67,46 @@ def store(database_url):
 # --- a local Store ----------------------------------------------------------------------------
 
 
+def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
 def test_each_record_is_the_probe_of_that_step_with_the_loss(store):
     model, (x, y) = tiny(), batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     m = isosweep.Monitor(model, x, y=y, store=store, sweep="own", config={"lr": 0.5})
-    expected, losses = [], []
+    expected, losses, previous = [], [], None
     for step in range(0, 30, 10):
         for _ in range(10):
             loss = train_step(model, opt, x, y)
-        expected.append(isosweep.probe(model, x, y=y, taps="blocks.{i}"))  # same weights
+        # the same weights, and the update since the weights of the previous record
+        expected.append(isosweep.probe(model, x, y=y, taps="blocks.{i}", previous=previous))
+        previous = weights(model)
         losses.append(loss)
         assert m.record(step, loss=loss) is True
     epochs, gaps = history(store, m.trial_id, GAP)
     assert epochs.tolist() == [0, 10, 20] and gaps.shape == (3, 3)
+    keys = ("rms", "grad_norm", "mean_cosine", "range_isometry_gap/output", "effective_rank",
+            "stable_rank")  # fmt: skip
     for k, rec in enumerate(expected):  # float64 through JSON-free storage: bit for bit
         np.testing.assert_array_equal(gaps[k], rec[GAP])
-        for key in ("rms", "grad_norm", "mean_cosine", "range_isometry_gap/output"):
+        for key in keys:
             np.testing.assert_array_equal(history(store, m.trial_id, key)[1][k], rec[key])
     assert history(store, m.trial_id, "train_loss")[1].tolist() == losses
-    assert set(m.dropped) >= {"effective_rank", "stable_rank", "update_ratio"}
-    # the unstored update ratio is ‖θ − θ_prev‖/‖θ_prev‖ of the tapped Linear's weight
-    assert m.last_record is not None and m.last_record["update_ratio"].shape == (3,)
+    assert m.dropped == ()  # every key probe gives is stored
+    ratio = history(store, m.trial_id, "update_ratio")[1]  # ‖θ − θ_prev‖/‖θ_prev‖ per tap
+    assert np.isnan(ratio[0]).all()  # the first record has no previous one
+    np.testing.assert_array_equal(ratio[1:], [r["update_ratio"] for r in expected[1:]])
+    head = history(store, m.trial_id, "head_update_ratio")[1]
+    assert math.isnan(head[0]) and head[2] == expected[2]["head_update_ratio"] > 0
     assert m.finish() == "completed"
     info = store.get_sweep(m.sweep_id)
     assert info.status == "completed" and info.spec["external"] is True
-    assert info.spec["parameters"] == {"lr": 0.5} and info.tags == ["external"]
-    assert store.get_trial(m.trial_id).config["model"] == "external"
+    params = {"model": "external", "depth": 3, "model_params": [{"lr": 0.5}]}
+    assert info.spec["parameters"] == params
+    assert info.tags == ["external"]
+    config = store.get_trial(m.trial_id).config
+    assert config["model"] == "external" and config["model_params"] == {"lr": 0.5}
 
 
 def test_a_tap_of_orthonormal_rows_has_gap_zero_and_rms_one(store):
@@ -122,14 +139,15 @@ def test_the_same_step_again_is_a_no_op_and_another_record_for_it_a_conflict(sto
 
 
 def _stored(store: Store, trial_id: int, step: int) -> dict[str, Any]:
-    out = {}
-    for metric in ("train_loss", "head_grad_norm", "head_weight_isometry_gap"):
-        epochs, v = store.trial_history(trial_id, metric)
-        out[metric] = float(v[list(epochs).index(step)])
-    for metric in ("isometry_gap/output", "range_isometry_gap/output", "isometry_gap_error/output",
-                   "rms", "mean_cosine", "weight_isometry_gap", "grad_norm"):  # fmt: skip
-        epochs, v = store.trial_history(trial_id, metric)
-        out[metric] = v[list(epochs).index(step)]
+    """The step's stored record, every metric of it (the 2-D arrays included)."""
+    sweep_id = store.get_trial(trial_id).sweep_id
+    frame = store.read_metrics(sweep_id, epoch=step, where=None)
+    frame = frame[frame["trial_id"] == trial_id]
+    out: dict[str, Any] = {}
+    for metric, rows in frame.groupby("metric"):
+        values = rows.sort_values("layer")["value"].to_numpy()
+        out[str(metric)] = float(values[0]) if rows["layer"].isna().all() else values
+    out.update({a.name: a.values for a in store.spectra(trial_id) if a.epoch == step})
     return out
 
 
@@ -149,7 +167,8 @@ def test_a_new_monitor_resumes_the_run_after_a_restart(database_url):
         assert history(second, b.trial_id, GAP)[0].tolist() == [0, 1, 2, 3]
         assert second.list_trials(b.sweep_id)[1] == 1
         spec = second.get_sweep(b.sweep_id).spec
-        assert spec["parameters"] == {"optimizer.name": "sgd", "optimizer.lr": 0.1, "depth": 3}
+        flat = {"optimizer.name": "sgd", "optimizer.lr": 0.1, "depth": 3}
+        assert spec["parameters"]["model_params"] == [flat] and spec["runs"][b.run] == flat
         other = isosweep.Monitor(model, x, store=second, sweep="resume", config=config, run="s2")
         assert other.trial_id != b.trial_id and other.last_step is None
 
@@ -173,6 +192,39 @@ def test_a_nan_loss_is_stored_as_divergence_and_stops_the_loop(store):
     assert t.status == "diverged" and t.diverged_epoch == 1
     assert np.isnan(history(store, m.trial_id, "train_loss")[1][1])
     assert m.finish() == "diverged" and store.get_sweep(m.sweep_id).status == "completed"
+
+
+def test_a_resumed_monitor_of_a_diverged_run_stops_at_once(store):
+    """The run diverged, the process restarted with the same config: record() returns False
+    (the stop flag a loop already handles), not a 409, and stores nothing."""
+    model, (x, y) = tiny(), batch()
+    a = isosweep.Monitor(model, x, y=y, store=store, sweep="nan-again")
+    assert a.record(0, loss=1.0) and a.record(1, loss=math.inf) is False
+    b = isosweep.Monitor(model, x, y=y, store=store, sweep="nan-again")
+    assert (b.trial_id, b.diverged, b.stopped) == (a.trial_id, True, True)
+    assert b.record(2, loss=0.5) is False
+    assert history(store, b.trial_id, "train_loss")[0].tolist() == [0, 1]
+    assert b.finish() == "diverged"
+
+
+def test_attention_taps_store_the_entropy_per_layer_and_head(store):
+    """Zero query and key maps: uniform attention over T = 5 tokens, entropy log 5 in both
+    heads (the per-head table is a 2-D array of the spectra table)."""
+    torch.manual_seed(2)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    model = torch.nn.Sequential(layer, torch.nn.Flatten(), torch.nn.Linear(40, 3)).double()
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight[:16].zero_()
+        layer.self_attn.in_proj_bias[:16].zero_()
+    x = torch.randn(4, 5, 8, dtype=torch.float64)
+    m = isosweep.Monitor(model, x, store=store, sweep="attn", taps=["0.self_attn", "0"])
+    assert m.record(0, loss=1.0)
+    ent = history(store, m.trial_id, "attention_entropy")[1][0]
+    assert ent[0] == pytest.approx(math.log(5), rel=1e-12) and math.isnan(ent[1])
+    (heads,) = store.spectra(m.trial_id, name="attention_entropy_heads")
+    assert heads.values.shape == (2, 2)
+    np.testing.assert_allclose(heads.values[0], math.log(5), rtol=1e-12)
+    assert m.record(0, loss=1.0)  # the same step again, 2-D array included: stores nothing
 
 
 def test_bad_input_is_named(store):
@@ -228,7 +280,7 @@ def live(database_url):
 
 @pytest.mark.slow
 def test_records_through_a_server_are_read_like_any_sweep(live):
-    url, store = live
+    url, _ = live
     model, (x, y) = tiny(), batch()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     with isosweep.Client(url, token="") as c:
@@ -240,6 +292,7 @@ def test_records_through_a_server_are_read_like_any_sweep(live):
             expected.append(reference[GAP])
             if step == 0:
                 first_rms = reference["rms"]
+            reference_ranks = reference["effective_rank"]
             assert m.record(step, loss=loss)
         assert m.finish() == "completed"
         gaps = c.metrics(m.sweep_id, metric=GAP)
@@ -250,22 +303,85 @@ def test_records_through_a_server_are_read_like_any_sweep(live):
         sweep = c.sweep(m.sweep_id)
         assert sweep["spec"]["external"] is True and sweep["status"] == "completed"
         assert c.plot(m.sweep_id, "layer_profile", metric=GAP).startswith(b"\x89PNG")
-        both = c.compare([m.sweep_id], metric=GAP, epoch="last")
-        assert len(both) == 3
-        # beside a sweep isosweep ran (its one trial's epoch-0 record written by hand here)
-        ref = c.submit({"name": "ref", "parameters": {"depth": 3, "width": 8, "epochs": 0}})
-        store.claim_sweep("test-runner", 600.0, sweep_id=ref["id"])
-        (t,) = store.list_trials(ref["id"])[0]
-        store.start_trial(t.id)
-        store.write_records([(t.id, {"epoch": 0, "rms": np.array([1.0, 2.0, 4.0])})])
-        store.finish_trial(t.id, "completed")
-        store.finish_sweep(ref["id"])
-        rms = c.compare([m.sweep_id, ref["id"]], metric="rms", epoch=0)
-        assert sorted(set(rms["sweep_id"])) == sorted([m.sweep_id, ref["id"]]) and len(rms) == 6
-        mine = rms[rms["sweep_id"] == m.sweep_id].sort_values("layer")["value"].to_numpy()
-        np.testing.assert_array_equal(mine, first_rms)
+        rms = c.compare([m.sweep_id], metric="rms", epoch=0)  # beside an isosweep-run sweep:
+        assert len(rms) == 3  # test_the_own_loop_doc_runs_cell_by_cell, with its runner
+        np.testing.assert_array_equal(rms.sort_values("layer")["value"].to_numpy(), first_rms)
+        ranks = c.metrics(m.sweep_id, metric="effective_rank", epoch=2)
+        np.testing.assert_array_equal(ranks.sort_values("layer")["value"], reference_ranks)
         page = httpx.get(f"{url}/sweeps/{m.sweep_id}")
         assert page.status_code == 200 and "external" in page.text
+
+
+@pytest.mark.slow
+def test_two_runs_configs_are_model_params_to_filter_and_group_by(live):
+    """Two runs of one sweep with configs {lr: 1e-3} and {lr: 1e-2} (and a nested name): the
+    trials' model_params, read by `model_params.<name>` filters — a dotted one included — and a
+    plot's group_by, through the server."""
+    url, _ = live
+    (x, y) = batch()
+    with isosweep.Client(url, token="") as c:
+        sweep = None
+        for lr in (1e-3, 1e-2):
+            model = tiny()
+            opt = torch.optim.SGD(model.parameters(), lr=lr)
+            config = {"lr": lr, "optimizer": {"name": "sgd"}}
+            m = isosweep.Monitor(model, x, y=y, client=c, sweep="two-lrs", config=config)
+            sweep = m.sweep_id if sweep is None else sweep
+            assert m.sweep_id == sweep
+            for step in range(3):
+                assert m.record(step, loss=train_step(model, opt, x, y))
+            m.finish()
+        trials = c.trials(sweep)
+        assert sorted(trials["model_params.lr"]) == [1e-3, 1e-2]
+        fast = c.metrics(sweep, metric="train_loss", where={"model_params.lr": 0.01})
+        mine = trials.loc[trials["model_params.lr"] == 1e-2, "trial_id"].tolist()
+        assert fast["trial_id"].unique().tolist() == mine and len(fast) == 3
+        assert set(fast["model_params.lr"]) == {0.01}
+        nested = c.metrics(sweep, metric="train_loss", where={"model_params.optimizer.name": "sgd"})
+        assert len(nested) == 6  # a dotted name: one member of the document, on every backend
+        none = c.metrics(sweep, metric="train_loss", where={"model_params.lr": 0.5})
+        assert len(none) == 0
+        chart = c.plot(sweep, "training_curves", metric="train_loss",
+                       group_by="model_params.lr", format="json")  # fmt: skip
+        labels = [str(series.get("label", series.get("name"))) for series in _series(chart)]
+        assert len(labels) == 2 and any("0.001" in t for t in labels), labels
+        assert c.plot(sweep, "layer_profile", metric=GAP, group_by="model_params.lr")[:4] == (
+            b"\x89PNG"
+        )
+
+
+def _series(chart: bytes) -> list[dict[str, Any]]:
+    import json
+
+    body = json.loads(chart)
+    return body.get("series") or [s for panel in body.get("panels", []) for s in panel["series"]]
+
+
+@pytest.mark.slow
+def test_a_run_resumes_through_the_server_after_a_restart(live):
+    """A new process: a new Client and Monitor with the same config find the trial, continue
+    after its last step; a diverged run resumed stops at once (False, no 409)."""
+    url, _ = live
+    model, (x, y) = tiny(), batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with isosweep.Client(url, token="") as c:
+        a = isosweep.Monitor(model, x, y=y, client=c, sweep="served-resume", config={"k": 1})
+        for step in range(3):
+            assert a.record(step, loss=train_step(model, opt, x, y))
+    with isosweep.Client(url, token="") as c:  # the user's process restarted
+        b = isosweep.Monitor(model, x, y=y, client=c, sweep="served-resume", config={"k": 1})
+        assert (b.sweep_id, b.trial_id, b.last_step) == (a.sweep_id, a.trial_id, 2)
+        assert b.record(b.last_step + 1, loss=train_step(model, opt, x, y))
+        assert b.record(4, loss=math.nan) is False and b.diverged
+        again = isosweep.Monitor(model, x, y=y, client=c, sweep="served-resume", config={"k": 1})
+        assert again.record(5, loss=1.0) is False and again.stopped
+        assert again.finish() == "diverged"
+        epochs = c.metrics(b.sweep_id, metric="train_loss")["epoch"].tolist()
+        assert epochs == [0, 1, 2, 3, 4]
+        ratio = c.metrics(b.sweep_id, metric="update_ratio", layer=1)
+        # NaN at each process's first record: the previous weights went with the process
+        nan = ratio.sort_values("epoch")["value"].isna().tolist()
+        assert nan == [True, False, False, True, False]
 
 
 @pytest.mark.slow
@@ -292,7 +408,8 @@ def test_the_routes_answer_409_and_422(live):
     api = f"{url}/api/v1"
     with httpx.Client(base_url=api) as h:
         sweep = h.post("/external/sweeps", json={"name": "raw", "config": {"a": {"b": 1}}})
-        assert sweep.status_code == 200 and sweep.json()["spec"]["parameters"] == {"a.b": 1}
+        assert sweep.status_code == 200
+        assert sweep.json()["spec"]["parameters"]["model_params"] == [{"a.b": 1}]
         assert h.post("/external/sweeps", json={"name": "raw"}).json()["id"] == sweep.json()["id"]
         trial = h.post(f"/external/sweeps/{sweep.json()['id']}/trials",
                        json={"run": "r", "depth": 2, "batch_size": 4}).json()  # fmt: skip

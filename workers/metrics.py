@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from workers import nn
+from workers import custom_metrics, nn
 from workers.gaps import (
     CPU_CHUNK_ENTRIES,
     F64,
@@ -198,6 +198,7 @@ def probe_metrics(
     y: Tensor,
     *,
     spectra: bool = False,
+    tap_metrics: bool = False,
 ) -> dict[str, np.ndarray | float]:
     """The per-layer metrics of a network (a `Net` of workers/models, or an MLP's nn.Spec) on the
     probe batch x (n, d_in), y (n,).
@@ -218,7 +219,13 @@ def probe_metrics(
     with tokens "token_isometry_gap", "token_cosine" (workers/token_metrics.py). isometry_gap
     is +∞ where the network forces rank(H) < n (`Net.structures`); range_isometry_gap is the gap
     on the complement of that structural null space (equal elsewhere). A tap's sample Gram is of
-    the tap reshaped (n, −1).
+    the tap reshaped (n, −1). For nets with attention layers (Taps.attention) also
+    "attention_entropy" (L,) and "attention_entropy_heads" (L, heads)
+    (workers/custom_metrics.py).
+
+    With tap_metrics, also the per-tap metrics of each block's output — the token stream
+    (n, T, d) where the net has one, else Taps.outputs —: "effective_rank", "stable_rank" and
+    every registered one (workers/custom_metrics.py; docs/probe.md), float64 arrays (L,).
 
     With spectra, also "spectrum/<kind>" (L, n) and "spectrum/weight" (L, the largest
     min(out, in)); NaN-padded for smaller ones): every Gram's eigenvalues, descending,
@@ -236,7 +243,8 @@ def probe_metrics(
         loss = F.cross_entropy(logits, y)
         grads = _grads(loss, [p[k] for k in names], names)
     assert taps is not None
-    return _measure(net, [_Member(p, x, taps, grads)], spectra=spectra)[0]
+    member = _Member(p, x, taps, grads)
+    return _measure(net, [member], spectra=spectra, tap_metrics=tap_metrics)[0]
 
 
 def probe_metrics_packed(
@@ -247,6 +255,7 @@ def probe_metrics_packed(
     Y: Tensor,
     *,
     spectra: bool = False,
+    tap_metrics: bool = False,
 ) -> list[dict[str, np.ndarray | float]]:
     """`probe_metrics` of K networks of one shape at once (a pack: workers/packed.py): params
     and state stacked (K, …), probe batches X (K, n, d_in), Y (K, n). One vmap'd forward and
@@ -262,10 +271,10 @@ def probe_metrics_packed(
     def one(p_: nn.Params, s_: nn.State, x_: Tensor) -> tuple:
         logits, taps = net.forward(p_, s_, x_, "batch", taps=True)
         assert taps is not None
-        return logits, taps.layers, taps.outputs, taps.tokens or []
+        return logits, taps.layers, taps.outputs, taps.tokens or [], taps.attention or []
 
     with torch.enable_grad():
-        logits, layers, outputs, tokens = vmap(one)(p, state, X)
+        logits, layers, outputs, tokens, attention = vmap(one)(p, state, X)
         per_member = F.cross_entropy(logits.flatten(0, 1), Y.flatten(), reduction="none")
         loss = per_member.view(K, n).mean(dim=1).sum()  # each member's gradient is its own
         grads = _grads(loss, [p[k] for k in names], names)
@@ -277,12 +286,13 @@ def probe_metrics_packed(
                 {k: [t[m] for t in ts] for k, ts in layers.items()},
                 [t[m] for t in outputs],
                 [t[m] for t in tokens] if tokens else None,
+                [a[m] for a in attention] if attention else None,
             ),
             {k: g[m] for k, g in grads.items()},
         )
         for m in range(K)
     ]
-    return _measure(net, members, spectra=spectra)
+    return _measure(net, members, spectra=spectra, tap_metrics=tap_metrics)
 
 
 def _weight_names(net: Net) -> list[str]:
@@ -307,11 +317,11 @@ class _Member:
 
 
 def _measure(
-    net: Net, members: list[_Member], *, spectra: bool = False
+    net: Net, members: list[_Member], *, spectra: bool = False, tap_metrics: bool = False
 ) -> list[dict[str, np.ndarray | float]]:
     """The record fields of each member (see probe_metrics): its taps' structures member by
     member, the factorizations of every member's taps grouped by (structure, shape) into shared
-    batched calls, the weights' likewise."""
+    batched calls, the weights' likewise, the per-tap metrics' singular values too."""
     L, kinds = net.depth, list(net.kinds)
     layer_weights = net.layer_weights()
     # Per member, its distinct taps (an identity σ returns its input: one Gram is enough),
@@ -361,6 +371,7 @@ def _measure(
     if members[0].taps.tokens is not None:
         flat = token_metrics([t.detach() for m in members for t in m.taps.tokens or []])
         tokens = {k: v.reshape(len(members), L) for k, v in flat.items()}
+    per_tap = _tap_metrics(members, L) if tap_metrics else {}
     outs: list[dict[str, np.ndarray | float]] = []
     start = 0
     for j, m in enumerate(members):
@@ -391,11 +402,24 @@ def _measure(
         out["rms"], out["mean_cosine"] = rms[j], cos[j]
         if tokens is not None:
             out.update({k: v[j] for k, v in tokens.items()})
+        out.update({k: v[j] for k, v in per_tap.items()})
+        if m.taps.attention is not None:
+            out.update(custom_metrics.attention_record(m.taps.attention))
         if spectra:
             W = [m.p[k].detach() for k in firsts if k is not None]
             out.update(_spectra(H[mine], idx, kinds, W, L))
         outs.append(out)
     return outs
+
+
+def _tap_metrics(members: list[_Member], L: int) -> dict[str, np.ndarray]:
+    """workers/custom_metrics.py's per-tap metrics of every member's block outputs (the token
+    streams where there are), all members' in one call: name → (K, L)."""
+    feats = [
+        t for m in members for t in (m.taps.tokens if m.taps.tokens is not None else m.taps.outputs)
+    ]
+    flat = custom_metrics.tap_metrics(feats, per=L)
+    return {k: v.reshape(len(members), L) for k, v in flat.items()}
 
 
 def _weight_gaps(W: list[list[Tensor]]) -> list[np.ndarray]:

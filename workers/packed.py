@@ -381,8 +381,10 @@ class Pack:
         state = {k: v[rows] for k, v in self.state.items()}
         X = torch.stack([m.probe[0] for m in ms])
         Y = torch.stack([m.probe[1] for m in ms])
-        spectra = self.configs[0].spectra
-        return probe_metrics_packed(self.net, params, state, X, Y, spectra=spectra)
+        c = self.configs[0]
+        return probe_metrics_packed(
+            self.net, params, state, X, Y, spectra=c.spectra, tap_metrics=c.tap_metrics
+        )
 
     def epochs(self) -> Iterator[tuple[int, dict[str, Any]]]:
         """(member index, record) for every member, in epoch order (members in pack order within

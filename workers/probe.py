@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from service.errors import InvalidInput
+from workers.custom_metrics import update_ratios
 from workers.metrics import _measure, _Member
 from workers.models.base import Taps
 from workers.models.module_structure import ModuleGraph
@@ -74,11 +75,15 @@ def probe(
     or more axes; "head_*" keys are absent if there is none).
     mode: "batch" — train-mode behaviour on copies of the buffers (normalization layers use the
     batch's own statistics, as a trial's probe does); "eval" — eval mode, the running statistics.
-    metrics: also the registered per-tap metrics (workers/custom_metrics.py).
+    metrics: also the per-tap metrics (workers/custom_metrics.py): "effective_rank",
+    "stable_rank" and the registered ones, as a trial with TrialConfig.tap_metrics has them.
     previous: parameters recorded earlier (name → tensor, e.g. a detached copy of
     `named_parameters()`): the record gets "update_ratio" per tap — ‖θ − θ_prev‖_F / ‖θ_prev‖_F
     over the parameters with two or more axes inside the tapped submodule — and
     "head_update_ratio".
+    Taps that are nn.MultiheadAttention modules, or have a method `isosweep_attention()`
+    returning their last forward's weights (n, heads, T, S), give "attention_entropy" (L,) and
+    "attention_entropy_heads" (L, heads) (NaN at the other taps; `_attention_weights`).
     """
     args = (x,) if isinstance(x, Tensor) else tuple(x)
     if not args or not isinstance(args[0], Tensor) or args[0].ndim == 0:
@@ -102,9 +107,11 @@ def probe(
         tensors = {**{k: p[k] for k in params}, **buffers}
         outs, output = _forward(module, names, tensors, args, n)
         grads = _gradients(output, y, loss, p, net.weight_names())
-        attention = _attention_entropy(module, names)
+        attention = _attention_weights(module, names)
     stand_in = {k: torch.zeros_like(p[k]) for k in net.weight_names()} if grads is None else grads
-    record = _measure(net, [_Member(p, first, Taps({"output": outs}, outs), stand_in)])[0]
+    taps_of = Taps({"output": outs}, outs, attention=attention if any(
+        a is not None for a in attention) else None)  # fmt: skip
+    record = _measure(net, [_Member(p, first, taps_of, stand_in)], tap_metrics=metrics)[0]
     if grads is None:
         record.pop("grad_norm")
         record.pop("head_grad_norm")
@@ -112,13 +119,9 @@ def probe(
         record.pop("head_grad_norm", None)
         record.pop("head_weight_isometry_gap")
     record.update(_token_metrics(outs))
-    record.update(attention)
     if previous is not None:
-        record.update(_update_ratios(net, params, previous))
-    if metrics:
-        from workers.custom_metrics import tap_metrics
-
-        record.update(tap_metrics(outs))
+        head_weight = None if net.head_weight == NO_HEAD else net.head_weight
+        record.update(update_ratios(net.layer_weights(), head_weight, params, previous))
     return record
 
 
@@ -304,19 +307,27 @@ def _attention_inputs(module: torch.nn.Module, args: tuple, kwargs: dict) -> Non
     setattr(module, ATTENTION_INPUTS, (args, kwargs))
 
 
-def _attention_entropy(module: torch.nn.Module, names: list[str]) -> dict[str, np.ndarray]:
-    """ "attention_entropy" (L, heads): at taps that are nn.MultiheadAttention, per head the
-    Shannon entropy −Σ_s a log a of each query's attention distribution (dropout off), mean over
-    the queries and the batch — log S for uniform attention over S keys; NaN rows at the other
-    taps (and beyond a tap's own heads). No key when no tap is an attention module."""
-    subs = [module.get_submodule(t) for t in names]
-    at = [i for i, m in enumerate(subs) if isinstance(m, torch.nn.MultiheadAttention)]
-    if not at:
-        return {}
-    heads = max(subs[i].num_heads for i in at)
-    out = np.full((len(names), heads), math.nan)
-    for i in at:
-        m = subs[i]
+ATTENTION_DECLARED = "isosweep_attention"  # a submodule's method giving its last weights
+
+
+def _attention_weights(module: torch.nn.Module, names: list[str]) -> list[Tensor | None]:
+    """Per tap, the attention weights (n, heads, T, S): of a tap with a method
+    `isosweep_attention()` what it returns for the forward just run (a lab's own attention,
+    which torch cannot be asked for them); of a tap that is nn.MultiheadAttention the module run
+    again on the inputs its pre-hook saw, with need_weights, per head, dropout off; None at the
+    other taps (workers/custom_metrics.attention_record turns them into the attention
+    entropy)."""
+    out: list[Tensor | None] = []
+    for t in names:
+        m = module.get_submodule(t)
+        declared = getattr(m, ATTENTION_DECLARED, None)
+        if callable(declared):  # a lab's own attention says its weights (docs/probe.md)
+            a = declared()
+            out.append(None if a is None else a.detach())
+            continue
+        if not isinstance(m, torch.nn.MultiheadAttention):
+            out.append(None)
+            continue
         args, kwargs = m.__dict__.pop(ATTENTION_INPUTS)
         kwargs = {**kwargs, "need_weights": True, "average_attn_weights": False}
         was = m.training
@@ -326,11 +337,8 @@ def _attention_entropy(module: torch.nn.Module, names: list[str]) -> dict[str, n
                 _, a = m(*args, **kwargs)
         finally:
             m.training = was
-        a = a.to(F64)  # (n, heads, T, S), or (heads, T, S) unbatched
-        a = a if a.ndim == 4 else a[None]
-        ent = -torch.where(a > 0, a * torch.log(a), 0.0).sum(dim=-1)  # (n, heads, T)
-        out[i, : m.num_heads] = ent.mean(dim=(0, 2)).cpu().numpy()
-    return {"attention_entropy": out}
+        out.append(a if a.ndim == 4 else a[None])  # (heads, T, S) unbatched → (1, …)
+    return out
 
 
 def _gradients(
@@ -370,41 +378,6 @@ def _gradients(
     grads = {k: torch.zeros_like(t) for k, t in zip(names, wrt, strict=True)}
     grads.update({names[i]: gi for i, gi in zip(live, g, strict=True)})
     return grads
-
-
-def _update_ratios(
-    net: _ModuleNet, params: dict[str, Tensor], previous: dict[str, Tensor]
-) -> dict[str, Any]:
-    """ "update_ratio" per tap and "head_update_ratio": ‖θ − θ_prev‖_F / ‖θ_prev‖_F over the
-    listed weights (float64; NaN for a tap without one, +inf from a zero θ_prev)."""
-
-    def ratio(names: list[str]) -> float:
-        if not names:
-            return math.nan
-        for k in names:
-            if k not in previous:
-                raise InvalidInput(f"probe: previous has no parameter {k!r}", field="previous")
-            if tuple(previous[k].shape) != tuple(params[k].shape):
-                raise InvalidInput(
-                    f"probe: previous[{k!r}] has shape {tuple(previous[k].shape)}, the "
-                    f"parameter {tuple(params[k].shape)}",
-                    field="previous",
-                )
-        with torch.no_grad():
-            now = torch.cat([params[k].detach().reshape(-1).to(F64) for k in names])
-            then = torch.cat(
-                [previous[k].detach().reshape(-1).to(device=now.device, dtype=F64) for k in names]
-            )
-            step, size = (
-                float(torch.linalg.vector_norm(now - then)),
-                float(torch.linalg.vector_norm(then)),
-            )
-        return step / size if size > 0 else (math.nan if step == 0 else math.inf)
-
-    out: dict[str, Any] = {"update_ratio": np.array([ratio(ws) for ws in net.layer_weights()])}
-    if net.head_weight != NO_HEAD:
-        out["head_update_ratio"] = ratio([net.head_weight])
-    return out
 
 
 def _token_metrics(outs: list[Tensor]) -> dict[str, np.ndarray]:

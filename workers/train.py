@@ -28,6 +28,7 @@ from service.config import TrialConfig, parse_trial_config
 from service.errors import InvalidInput
 from service.isometry import cosine_gram
 from workers import models, nn
+from workers.custom_metrics import snapshot, update_ratios
 from workers.data import Dataset, load_dataset, normalize_inputs, subset
 from workers.jacobian import jacobian_singular_values
 from workers.metrics import probe_metrics
@@ -104,6 +105,7 @@ class Trial:
         )
         self.shuffle = generator(c.seed, "shuffle")
         self.epoch0_rows = epoch0_rows(c, n)
+        self.recorded_weights: dict[str, Tensor] | None = None  # at the last record (copies)
 
     @property
     def spec(self) -> nn.Spec:
@@ -221,10 +223,13 @@ class Trial:
             "test_acc": test_acc,
             "epoch_time_s": stats.time_s,
         }
-        spectra = self.config.spectra
         if probe is None:
-            probe = probe_metrics(self.net, self.params, self.state, *self.probe, spectra=spectra)
+            probe = probe_metrics(
+                self.net, self.params, self.state, *self.probe,
+                spectra=self.config.spectra, tap_metrics=self.config.tap_metrics,
+            )  # fmt: skip
         rec.update(probe)
+        rec.update(self.update_ratios())
         check = self.config.precision_check and self.config.dtype == "float32"
         if epoch == 0 and check:  # float32 vs a float64 re-run: workers/precision.py
             rec.update(precision_check(self.config, self.params, self.state, self.probe, probe))
@@ -237,6 +242,18 @@ class Trial:
             x = self.probe[0].to(torch.float64)  # as the first Linear sees it (after input_norm)
             rec["input_moments"] = (x.square().sum(dim=1) / x.shape[1]).cpu().numpy()
         return rec
+
+    def update_ratios(self) -> dict[str, Any]:
+        """ "update_ratio" per block and "head_update_ratio": ‖W(e) − W(e_prev)‖_F /
+        ‖W(e_prev)‖_F of the block's listed weights since the previous record — NaN at the
+        first (epoch 0: nothing to compare with) —, then this record's weights kept for the
+        next (workers/custom_metrics.py)."""
+        layers, head = self.net.layer_weights(), self.net.head_weight
+        previous = self.recorded_weights
+        self.recorded_weights = snapshot(self.params, [*(w for ws in layers for w in ws), head])
+        if previous is None:
+            return {"update_ratio": np.full(len(layers), math.nan), "head_update_ratio": math.nan}
+        return update_ratios(layers, head, self.params, previous)
 
     def test_mode(self) -> nn.Mode:
         """How test metrics normalize: eval_norm, except "batch" before any step (see record)."""

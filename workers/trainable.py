@@ -21,6 +21,7 @@ import numpy as np
 
 from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SPECTRUM_KEYS
 from service.errors import DataUnavailable, InvalidInput
+from service.metric_names import lab_metrics
 
 PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
 PACK_KEY = "pack"  # in PARAM_KEY's dict: the members of a pack (workers/packed.py)
@@ -181,9 +182,11 @@ def from_transport(result: dict[str, Any]) -> dict[str, Any]:
     """The epoch record inside a Tune result: only the record's own keys (Tune adds its own:
     time_this_iter_s, config, …), per-layer vectors and the input Gram back to float64 arrays."""
     record: dict[str, Any] = {}
-    for key in RESULT_KEYS.intersection(result):
+    lab = lab_metrics()  # a lab's per-tap metrics: per-layer arrays (service.metric_names)
+    for key in RESULT_KEYS.union(lab).intersection(result):
         value = result[key]
-        record[key] = np.asarray(value, dtype=np.float64) if key in ARRAY_KEYS else value
+        array = key in ARRAY_KEYS or key in lab
+        record[key] = np.asarray(value, dtype=np.float64) if array else value
     record["epoch"] = int(record["epoch"])
     record["diverged"] = bool(record.get("diverged", False))
     return record

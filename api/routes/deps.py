@@ -9,11 +9,13 @@ from typing import Annotated, Any, Literal, get_args
 
 from fastapi import Depends, Path, Query, Request
 from fastapi.dependencies.utils import get_flat_params
-from pydantic import Field, WithJsonSchema
+from pydantic import AfterValidator, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from api.cache import SingleFlightCache
 from service.config import FILTER_FIELDS, METRICS, TrialConfig
 from service.errors import InvalidInput, StorageError
+from service.metric_names import metric_names
 from service.param_columns import param_of
 from service.settings import Settings
 from service.store import Store
@@ -23,7 +25,26 @@ INT32_MAX = 2**31 - 1  # ids and counts are 32-bit integers in Postgres
 SweepId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the sweep's id")]
 TrialId = Annotated[int, Path(ge=1, le=INT32_MAX, description="the trial's id")]
 Offset = Annotated[int, Query(ge=0, le=INT32_MAX, description="rows to skip")]
-MetricName = Literal[METRICS]  # type: ignore[valid-type]
+
+
+def _known_metric(name: str) -> str:
+    """A metric name: one of METRICS or a lab's per-tap metric the server registered
+    (service.metric_names), refused as a literal field is (its "did you mean" included)."""
+    known = metric_names()
+    if name not in known:
+        expected = ", ".join(repr(m) for m in known[:-1]) + f" or {known[-1]!r}"
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": expected}
+        )
+    return name
+
+
+# The document lists the built-in names; a lab's registered ones are accepted too (docs/probe.md).
+MetricName = Annotated[
+    str,
+    AfterValidator(_known_metric),
+    WithJsonSchema({"type": "string", "enum": list(METRICS)}),
+]
 
 
 def get_store(request: Request) -> Store:

@@ -31,6 +31,15 @@ METRIC_LABELS: dict[str, str] = {
     "mean_cosine": "mean off-diagonal cosine similarity between the probe samples' outputs",
     "token_isometry_gap": f"token isometry gap: {_GAP} of each sample's token Gram, batch mean",
     "token_cosine": "mean off-diagonal cosine similarity between a sample's tokens",
+    # docs/science.md, "Per-layer measures"
+    "effective_rank": "effective rank of block ℓ's output: exp of the entropy of its normalized "
+    "singular values",
+    "stable_rank": "stable rank of block ℓ's output: ‖H‖²_F / ‖H‖²₂",
+    "update_ratio": "update ratio of layer ℓ since the previous record: ‖ΔWℓ‖_F / ‖Wℓ‖_F",
+    "head_update_ratio": "update ratio of the classifier head since the previous record: "
+    "‖ΔW‖_F / ‖W‖_F",
+    "attention_entropy": "attention entropy of layer ℓ: a query's −Σ a log a, mean over queries "
+    "and heads",
 }
 # The other models' taps (docs/models.md): a residual stream, a transformer's sublayer outputs
 # (token-mean-pooled), a registered model's tapped submodules.
@@ -57,7 +66,16 @@ for _metric, _text in list(METRIC_LABELS.items()):  # docs/science.md, "Precisio
         METRIC_LABELS[PRECISION_PREFIX + _metric] = (
             f"float32 vs float64: relative difference of {_what}"
         )
-METRIC_LABELS = {m: text for m, text in METRIC_LABELS.items() if m in METRICS}  # recorded ones
+
+
+class _Labels(dict[str, str]):
+    """The labels; a lab's registered per-tap metric (docs/probe.md) is labelled by its name."""
+
+    def __missing__(self, metric: str) -> str:
+        return f"{metric} (a per-tap metric the server registered)"
+
+
+METRIC_LABELS = _Labels({m: text for m, text in METRIC_LABELS.items() if m in METRICS})
 
 # Axis names of the non-metric dimensions (TrialConfig fields, epoch, layer).
 FIELD_LABELS: dict[str, str] = {

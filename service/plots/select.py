@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from service.config import LAYER_METRICS, METRICS
+from service.config import LAYER_METRICS
 from service.errors import InvalidInput
+from service.metric_names import is_layer_metric as _is_layer_metric
+from service.metric_names import metric_names
 from service.param_columns import FIELD as PARAMS
 from service.plots.pooling import (
     BANDS,
@@ -59,8 +61,9 @@ def check_choice(value: object, allowed: Sequence[str], field: str) -> None:
         raise InvalidInput(f"unknown value {value!r}", field=field, allowed=allowed)
 
 
-def check_metric(metric: str, allowed: Sequence[str] = METRICS) -> None:
-    check_choice(metric, allowed, "metric")
+def check_metric(metric: str, allowed: Sequence[str] | None = None) -> None:
+    """`metric` among `allowed` (default: METRICS and a lab's per-tap metrics)."""
+    check_choice(metric, metric_names() if allowed is None else allowed, "metric")
 
 
 def check_frame(frame: pd.DataFrame) -> None:
@@ -144,7 +147,7 @@ def absent_note(rows: pd.DataFrame, epoch: int) -> str | None:
 
 
 def is_layer_metric(rows: pd.DataFrame, metric: str) -> bool:
-    return metric in LAYER_METRICS or bool(rows["layer"].notna().any())
+    return _is_layer_metric(metric) or bool(rows["layer"].notna().any())
 
 
 def select_layer(rows: pd.DataFrame, layer: int | None) -> pd.DataFrame:

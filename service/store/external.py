@@ -2,17 +2,24 @@
 docs/own-loop.md), not run by isosweep's runner.
 
 An external sweep is an ordinary sweep row whose spec is `{"external": true, "name": …,
-"parameters": the first run's config (flattened, fixed values), "runs": {run key: its config}}`
-— no migration: the mark lives in the spec JSON. It is created `running` under the reserved
+"parameters": {"model": "external", "depth": the runs' numbers of taps (one, or a list),
+"model_params": [each distinct run config]}, "runs": {run key: its config}}` — no migration:
+the mark lives in the spec JSON. A run's config is the user's free-form config flattened into
+fields (`flatten`), so `model_params` is an axis of the sweep like a registered model's
+parameters: `model_params.<name>` columns, filters, plot axes, group-bys and compare
+(service/param_columns.py; the free names filter as service/store/param_filters.py says). It
+is created `running` under the reserved
 runner id EXTERNAL_RUNNER with no lease, and claim_sweep never takes such a sweep
 (service/store/sweeps.py `_claimable`). Each run of the loop is one trial, found again by its
 run key (the trial's config_hash is `external:` + the key's digest, a spelling no real config
 hash has, so no trial of a normal sweep ever reuses it). Its TrialConfig is a registered-model
 config of model `external` (service.models): depth = the number of taps, batch_size = the
-probe batch's n, epochs = the highest step stored so far (record_every 1); every other field
-is its default and describes nothing — the user's config is in the sweep's spec.
+probe batch's n, epochs = the highest step stored so far (record_every 1), model_params = the
+run's flattened config, tap_metrics = true (probe records the per-tap metrics); every other
+field is its default and describes nothing.
 
-Records are the epoch records of service/store/results.py with epoch = the loop's step, written
+Records are the epoch records of service/store/results.py with epoch = the loop's step (with
+the 2-D arrays of service.config.SPECTRUM_KEYS, e.g. attention_entropy_heads), written
 idempotently by step: the same step with the same values again is a no-op, different values for
 a stored step are a Conflict (409), a step below the last stored one an InvalidInput (422). A
 record whose user scalars (train_loss, …) are not finite is stored with `diverged: true` and
@@ -34,7 +41,7 @@ from service.config import CONFIG_FIELDS, RECORD_KEYS, TrialConfig
 from service.errors import Conflict, InvalidInput, NotFound
 from service.status import SweepStatus, TrialStatus
 from service.store import codec, results, sweeps
-from service.store.models import SqlMetric, SqlSweep, SqlTrial, utcnow
+from service.store.models import SqlMetric, SqlSpectrum, SqlSweep, SqlTrial, utcnow
 from service.store.schemas import SweepInfo, TrialInfo
 from service.store.sweeps import EXTERNAL_RUNNER
 from service.store.trials import trial_info
@@ -56,7 +63,8 @@ def run_key_hash(run: str) -> str:
 
 def flatten(config: dict[str, Any] | None, prefix: str = "") -> dict[str, Any]:
     """A free-form config as fields: nested mappings become dotted names; a value that is not
-    a JSON scalar (a list, …) is kept as its JSON text, so every field is one fixed value."""
+    a JSON scalar (a list, a non-finite float, an object) is kept as its JSON text (or str),
+    so every field is one JSON scalar — a training loop's config is never refused for it."""
     out: dict[str, Any] = {}
     for k, v in (config or {}).items():
         name = f"{prefix}{k}"
@@ -87,7 +95,7 @@ def open_sweep(s: Session, name: str, config: dict[str, Any]) -> SweepInfo:
             name=name,
             description="recorded by the user's own training loop (isosweep.Monitor)",
             tags=["external"],
-            spec={"external": True, "name": name, "parameters": config, "runs": {}},
+            spec={"external": True, "name": name, "parameters": _parameters([]), "runs": {}},
             status=SweepStatus.RUNNING,
             priority=0,
             cancel_requested=False,
@@ -98,6 +106,8 @@ def open_sweep(s: Session, name: str, config: dict[str, Any]) -> SweepInfo:
         )
         s.add(w)
         s.flush()
+        if config:
+            _with_run(w, config, None)
         return sweeps.sweep_infos(s, [w])[0]
     if found.status == SweepStatus.CANCELLED or found.cancel_requested:
         raise Conflict(f"the external sweep {name!r} (id {found.id}) was cancelled")
@@ -155,7 +165,10 @@ def open_trial(
         return trial_info(t)
     if w.cancel_requested:
         raise Conflict(f"sweep {sweep_id} was cancelled; no new run can start in it")
-    c = TrialConfig(model=EXTERNAL_MODEL, depth=depth, batch_size=batch_size, epochs=0, norm="none")
+    c = TrialConfig(
+        model=EXTERNAL_MODEL, depth=depth, batch_size=batch_size, epochs=0, norm="none",
+        tap_metrics=True, model_params=config,
+    )  # fmt: skip
     top = s.scalar(select(SqlTrial.index).where(SqlTrial.sweep_id == sweep_id).order_by(
         SqlTrial.index.desc()).limit(1))  # fmt: skip
     now = utcnow()
@@ -172,9 +185,34 @@ def open_trial(
         **{f: getattr(c, f) for f in CONFIG_FIELDS},
     )
     s.add(t)
-    w.spec = {**w.spec, "runs": {**(w.spec.get("runs") or {}), run: config}}
+    _with_run(w, c.model_params, depth)
+    w.spec = {**w.spec, "runs": {**(w.spec.get("runs") or {}), run: c.model_params}}
     s.flush()
     return trial_info(t)
+
+
+def _parameters(configs: list[dict[str, Any]], depths: list[int] | None = None) -> dict[str, Any]:
+    depth: dict[str, Any] = {}
+    if depths:  # the plots' layer choices read the spec's depths (service.plots.stored)
+        depth = {"depth": depths[0] if len(depths) == 1 else depths}
+    return {"model": EXTERNAL_MODEL, **depth, "model_params": configs}
+
+
+def _with_run(w: SqlSweep, config: dict[str, Any], depth: int | None) -> None:
+    """The sweep's model_params axis with `config` among its values and its depths with the
+    run's (a spec written before the axis, whose parameters were one run's config, gains
+    them)."""
+    params = w.spec.get("parameters") or {}
+    ours = params.get("model") == EXTERNAL_MODEL
+    axis = params.get("model_params") if ours else None
+    configs = list(axis) if isinstance(axis, list) else []
+    if config not in configs:
+        configs.append(config)
+    had = params.get("depth") if ours else None
+    depths = [] if had is None else (list(had) if isinstance(had, list) else [had])
+    if depth is not None and depth not in depths:
+        depths.append(depth)
+    w.spec = {**w.spec, "parameters": _parameters(configs, depths)}
 
 
 def append_record(s: Session, trial_id: int, record: dict[str, Any]) -> dict[str, Any]:
@@ -250,12 +288,22 @@ def _finite(v: Any) -> bool:
 
 
 def _stored(s: Session, trial_id: int, step: int) -> dict[str, np.ndarray] | None:
+    """The step's stored metrics and 2-D arrays (service.store.spectra), None if none."""
     rows = s.execute(
         select(SqlMetric.metric, SqlMetric.data).where(
             SqlMetric.trial_id == trial_id, SqlMetric.epoch == step
         )
     ).all()
-    return {m: codec.decode(d) for m, d in rows} if rows else None
+    if not rows:
+        return None
+    arrays = s.execute(
+        select(SqlSpectrum.name, SqlSpectrum.shape, SqlSpectrum.data).where(
+            SqlSpectrum.trial_id == trial_id, SqlSpectrum.epoch == step
+        )
+    ).all()
+    out = {m: codec.decode(d) for m, d in rows}
+    out.update({k: codec.decode(d).reshape(shape) for k, shape, d in arrays})
+    return out
 
 
 def _same(stored: dict[str, np.ndarray], record: dict[str, Any], was_diverged: bool) -> bool:
@@ -266,9 +314,10 @@ def _same(stored: dict[str, np.ndarray], record: dict[str, Any], was_diverged: b
         return False
     for k in keys:
         try:
-            v = np.atleast_1d(np.asarray(record[k], dtype=np.float64))
+            v = np.asarray(record[k], dtype=np.float64)
         except (TypeError, ValueError):
             return False
+        v = v if v.ndim == 2 else np.atleast_1d(v)
         if v.shape != stored[k].shape or not np.array_equal(v, stored[k], equal_nan=True):
             return False
     return True

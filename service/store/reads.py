@@ -15,14 +15,15 @@ import pandas as pd
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, aliased
 
-from service.config import LAYER_METRICS, METRICS, SCALAR_METRICS
+from service.config import SCALAR_METRICS
 from service.errors import InvalidInput, LimitExceeded
+from service.metric_names import metric_names
 from service.param_columns import config_columns
 from service.spec import swept_fields_of
 from service.store import codec
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
 from service.store.sweeps import get_sweep_row
-from service.store.trials import get_trial_row, where_conditions
+from service.store.trials import free_params, get_trial_row, where_conditions
 from service.tidy import aggregate_over_seeds, check_stat
 
 EpochFilter = int | list[int] | str | None
@@ -32,14 +33,16 @@ def check_metrics(metrics: str | list[str] | None) -> list[str]:
     """The metric names asked for (all when None).
 
     Raises:
-        InvalidInput: an unknown name, listing service.config.METRICS.
+        InvalidInput: an unknown name, listing service.config.METRICS and the lab's registered
+            per-tap metrics (service.metric_names.metric_names).
     """
+    known = metric_names()
     if metrics is None:
-        return list(METRICS)
+        return list(known)
     names = [metrics] if isinstance(metrics, str) else list(metrics)
     for m in names:
-        if m not in METRICS:
-            raise InvalidInput(f"unknown metric {m!r}", field="metrics", allowed=METRICS)
+        if m not in known:
+            raise InvalidInput(f"unknown metric {m!r}", field="metrics", allowed=known)
     return names
 
 
@@ -80,7 +83,7 @@ def read_metrics(
     epochs = _check_epoch(epoch)
     layer_list = None if layers is None else _check_ints(layers, "layers", 1)
     check_sweep_has(s, sweep_id, None if metrics is None else names, epochs, layer_list)
-    conds = where_conditions(where)
+    conds = where_conditions(where, free_params(sweep.spec))
     source = func.coalesce(SqlTrial.results_from, SqlTrial.id)
     trials = s.execute(
         select(SqlTrial.id, source, *(getattr(SqlTrial, f) for f in fields))
@@ -123,7 +126,8 @@ def check_sweep_has(
     from service.models import layer_metrics
 
     # What decides a trial's metrics (service.models.layer_metrics) and its recorded epochs.
-    names = ("model", "norm", "mlp_ratio", "epochs", "record_every", "precision_check")
+    names = ("model", "norm", "mlp_ratio", "epochs", "record_every", "precision_check",
+             "tap_metrics")  # fmt: skip
     keys = [getattr(SqlTrial, f) for f in names]
     kinds = s.execute(
         select(*keys, func.max(SqlTrial.depth)).where(SqlTrial.sweep_id == sweep_id).group_by(*keys)
@@ -138,7 +142,7 @@ def check_sweep_has(
         have = {m for c, _ in configs for m in layer_metrics(c)} | set(SCALAR_METRICS)
         for m in metrics:
             if m not in have:
-                allowed = [x for x in METRICS if x in have]
+                allowed = [x for x in metric_names() if x in have]
                 raise InvalidInput(
                     f"sweep {sweep_id} does not record {m!r}", field="metric", allowed=allowed
                 )
@@ -181,7 +185,7 @@ def _check_points(s: Session, q: Select, layers: list[int] | None, max_points: i
     wanted = np.sort(np.unique(layers)) if layers is not None else None
     points = 0
     for metric, n, rows in by_length:
-        if wanted is not None and metric in LAYER_METRICS:
+        if wanted is not None and metric not in SCALAR_METRICS:
             points += rows * int(np.searchsorted(wanted, n, side="right"))  # layers 1..n kept
         else:
             points += rows * int(n)
@@ -238,7 +242,7 @@ def trial_history(
     rows = s.execute(q.add_columns(SqlMetric.epoch, SqlMetric.data).order_by(SqlMetric.epoch)).all()
     epochs = np.array([r.epoch for r in rows], dtype=np.int64)  # (E,)
     values = codec.decode_many([r.data for r in rows])
-    if metric in LAYER_METRICS:
+    if metric not in SCALAR_METRICS:  # a per-layer metric (check_metrics knows it)
         return epochs, values.reshape(len(rows), t.depth)  # (E, L)
     return epochs, values  # (E,)
 

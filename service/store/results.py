@@ -11,8 +11,9 @@ from sqlalchemy import Table, bindparam, delete, select
 from sqlalchemy.orm import Session
 
 from service import jsonfmt
-from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SCALAR_METRICS, SPECTRUM_KEYS
+from service.config import LAYER_METRICS, RECORD_KEYS, SCALAR_METRICS, SPECTRUM_KEYS
 from service.errors import Conflict, InvalidInput, NotFound
+from service.metric_names import is_layer_metric, metric_names
 from service.store import codec, spectra
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
 from service.store.upserts import CHUNK, upsert
@@ -32,6 +33,7 @@ def write_records(s: Session, batch: list[tuple[int, dict[str, Any]]]) -> None:
         latest[key] = record
     rows: list[dict[str, Any]] = []
     stale: list[dict[str, Any]] = []
+    known = metric_names()  # METRICS and the lab's per-tap metrics
     artifacts: list[dict[str, Any]] = []
     arrays: list[dict[str, Any]] = []  # the spectra table's rows (service.store.spectra)
     for (tid, epoch), record in latest.items():
@@ -40,7 +42,7 @@ def write_records(s: Session, batch: list[tuple[int, dict[str, Any]]]) -> None:
         arrays.extend(spectra.record_rows(record, t, epoch))
         rows.extend(found)
         present = {r["metric"] for r in found}
-        stale.extend({"t": tid, "e": epoch, "m": m} for m in METRICS if m not in present)
+        stale.extend({"t": tid, "e": epoch, "m": m} for m in known if m not in present)
         if record.get("input_gram") is not None:
             artifacts.append(_gram_row(tid, record["input_gram"]))
         if record.get("input_moments") is not None:
@@ -91,13 +93,13 @@ def _metric_rows(record: dict[str, Any], t: SqlTrial, epoch: int) -> list[dict[s
             continue
         if key in SCALAR_METRICS:
             data = codec.encode(_scalar(key, value))
-        elif key in LAYER_METRICS:
+        elif key in LAYER_METRICS or is_layer_metric(key):  # is_layer_metric: a lab's metric
             data = codec.encode(_vector(key, value, t.depth))
         else:
             raise InvalidInput(
                 "unknown metric",
                 field=f"record.{key}",
-                allowed=(*METRICS, *RECORD_KEYS, *SPECTRUM_KEYS),
+                allowed=(*metric_names(), *RECORD_KEYS, *SPECTRUM_KEYS),
             )
         rows.append(
             {"trial_id": t.id, "metric": key, "epoch": epoch, "n": len(data) // 8, "data": data}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from sqlalchemy import delete, false, func, or_, select
@@ -11,6 +12,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from service import jsonfmt
 from service.config import FILTER_FIELDS
 from service.errors import Conflict, InvalidInput, NotFound
+from service.param_columns import param_of, spec_param_axes
 from service.settings import Settings
 from service.spec import validate_field
 from service.status import TrialStatus
@@ -72,8 +74,17 @@ def get_trial_row(s: Session, trial_id: int, *, lock: bool = False) -> SqlTrial:
     return t
 
 
-def where_conditions(where: dict[str, Any] | None) -> list[Any]:
-    """SQL conditions for config filters: field → value, or a list of values (any of them).
+def free_params(spec: Mapping[str, Any] | None) -> set[str]:
+    """An external sweep's model parameters — isosweep.Monitor's free-form config, which no
+    params class types (service/store/external.py) —; none for other sweeps."""
+    if not (spec or {}).get("external"):
+        return set()
+    return {p for c in spec_param_axes(spec or {}) if (p := param_of(c)) is not None}
+
+
+def where_conditions(where: dict[str, Any] | None, free: Collection[str] = ()) -> list[Any]:
+    """SQL conditions for config filters: field → value, or a list of values (any of them);
+    `free`: an external sweep's untyped model parameters (service.store.param_filters).
 
     Raises:
         InvalidInput: an unknown field (naming it and listing the fields), or a bad value.
@@ -82,7 +93,7 @@ def where_conditions(where: dict[str, Any] | None) -> list[Any]:
     for name, value in (where or {}).items():
         field = f"where.{name}"
         if name not in FILTER_FIELDS:  # model_params.<name>, or an error naming the fields
-            conditions.append(param_condition(name, value, where=field))
+            conditions.append(param_condition(name, value, where=field, free=free))
             continue
         col = getattr(SqlTrial, name)
         values = value if isinstance(value, list | tuple) else [value]
@@ -108,8 +119,9 @@ def list_trials(
     settings: Settings,
 ) -> tuple[list[TrialInfo], int]:
     check_page(offset, limit, settings)
-    get_sweep_row(s, sweep_id)
-    q = select(SqlTrial).where(SqlTrial.sweep_id == sweep_id, *where_conditions(where))
+    sweep = get_sweep_row(s, sweep_id)
+    conds = where_conditions(where, free_params(sweep.spec))
+    q = select(SqlTrial).where(SqlTrial.sweep_id == sweep_id, *conds)
     if status is not None:
         check_status(status, TRIAL_STATUSES)
         q = q.where(SqlTrial.status == status)

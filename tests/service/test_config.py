@@ -46,7 +46,7 @@ def test_new_fields_and_their_defaults():
         False,
         0,
     )
-    assert CONFIG_FIELDS[-19:-11] == (
+    assert CONFIG_FIELDS[-20:-12] == (
         "dtype",
         "norm_eps",
         "bias_init",
@@ -144,7 +144,7 @@ def test_migration_0002_keeps_trials_written_before_it_valid(database_url):
     and its stored config hold the fields' defaults, so filters and reads see what it ran."""
     from service.store import Store
 
-    old = {k: v for k, v in TrialConfig(depth=2).to_dict().items() if k in CONFIG_FIELDS[:-19]}
+    old = {k: v for k, v in TrialConfig(depth=2).to_dict().items() if k in CONFIG_FIELDS[:-20]}
     store_trial_at_revision(database_url, "0001", old)
     with Store(database_url) as store:
         trial = store.get_trial(1)

@@ -81,6 +81,7 @@ OTHER_VALUE = {
     "spectra": True,
     "jacobian_samples": 3,
     "precision_check": True,
+    "tap_metrics": True,
     "epoch0_train_samples": 200,
     "model": "resmlp",
     "residual_scale": 0.5,

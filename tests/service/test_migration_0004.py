@@ -8,9 +8,10 @@ from support import store_trial_at_revision
 from service.config import CONFIG_FIELDS, TrialConfig
 from service.store import Store
 
-# the fields added after 0004 (revision 0005: the model families; 0007: precision_check)
+# the fields added after 0004 (revision 0005: the model families; 0007: precision_check;
+# 0008: tap_metrics)
 LATER = ("model", "model_params", "residual_scale", "kernel_size", "patch_size", "heads",
-         "mlp_ratio", "skip", "norm_position", "precision_check")  # fmt: skip
+         "mlp_ratio", "skip", "norm_position", "precision_check", "tap_metrics")  # fmt: skip
 
 
 def test_rows_before_0004_read_as_measured_on_every_sample(database_url):

@@ -13,7 +13,7 @@ NEW = ("model", "model_params", "residual_scale", "kernel_size", "patch_size", "
        "mlp_ratio", "skip", "norm_position")  # fmt: skip
 
 
-LATER = ("precision_check",)  # revision 0007
+LATER = ("precision_check", "tap_metrics")  # revisions 0007, 0008
 
 
 def test_rows_before_0005_read_as_the_mlp_they_ran(database_url):

@@ -37,8 +37,10 @@ def _tables(database_url: str) -> set[str]:
 
 def test_0006_upgrades_from_0005_and_downgrades_back(database_url):
     full = TrialConfig(depth=3, seed=4).to_dict()
-    # model_params: a JSON column, its default; precision_check: revision 0007's
-    config = {k: v for k, v in full.items() if k not in ("model_params", "precision_check")}
+    # model_params: a JSON column, its default; precision_check, tap_metrics: revisions 0007's
+    # and 0008's
+    later = ("model_params", "precision_check", "tap_metrics")
+    config = {k: v for k, v in full.items() if k not in later}
     store_trial_at_revision(database_url, "0005", config)
     at_0005 = _tables(database_url)
     assert "login_sessions" not in at_0005

@@ -24,17 +24,18 @@ def _columns(database_url: str) -> set[str]:
 
 def test_rows_before_0007_read_as_run_without_the_check(database_url):
     full = TrialConfig(depth=3, seed=4).to_dict()
-    old = {k: v for k, v in full.items() if k not in ("precision_check", "model_params")}
+    later = ("precision_check", "model_params", "tap_metrics")  # tap_metrics: revision 0008
+    old = {k: v for k, v in full.items() if k not in later}
     store_trial_at_revision(database_url, "0006", old)  # model_params: a JSON column's default
     before = _columns(database_url)
     assert "precision_check" not in before
     with Store(database_url) as store:  # migrates to head
         trial = store.get_trial(1)
-        assert trial.config == {**old, "precision_check": False}  # as the trial ran
+        assert trial.config == {**old, "precision_check": False, "tap_metrics": False}
         assert TrialConfig(**trial.config) == TrialConfig(depth=3, seed=4)
         assert store.list_trials(1, where={"precision_check": False})[1] == 1
         assert store.list_trials(1, where={"precision_check": True})[1] == 0
-    assert _columns(database_url) == before | {"precision_check"}
+    assert _columns(database_url) == before | {"precision_check", "tap_metrics"}
     engine = create_engine(database_url)
     try:
         with engine.begin() as conn:

@@ -148,6 +148,7 @@ def test_records_update_progress_divergence_and_summary(store):
         "epoch_time_s",
         "head_grad_norm",
         "head_weight_isometry_gap",
+        "head_update_ratio",
     }
     store.write_records([(t, record(0, 2, DEPTH, diverged=True, train_loss=math.nan))])
     info = store.get_trial(t)

@@ -27,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def fresh(monkeypatch):
-    monkeypatch.setattr(custom_metrics, "_REGISTRY", {})
+    from service import metric_names
+
+    monkeypatch.setattr(metric_names, "_LAB", {})
 
 
 def _with_singular_values(sigma: list[float], n: int, d: int, seed: int = 0) -> torch.Tensor:

@@ -104,6 +104,8 @@ DIFFERENT: list[tuple[str, dict[str, Any], Any]] = [
     ("activation", {**TRANSFORMER, "norm": "layer"}, "tanh"),
     ("activation_gain", {**TRANSFORMER, "norm": "layer"}, 2.0),
     ("precision_check", {**SMALL}, True),
+    # the per-tap metrics: no rule resets them (they add records in every config)
+    ("tap_metrics", {**SMALL}, True),
 ]
 
 

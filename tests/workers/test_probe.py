@@ -26,9 +26,9 @@ RTOL = 1e-9
 
 @pytest.fixture
 def fresh_metrics(monkeypatch):
-    from workers import custom_metrics
+    from service import metric_names
 
-    monkeypatch.setattr(custom_metrics, "_REGISTRY", {})
+    monkeypatch.setattr(metric_names, "_LAB", {})
 
 
 # --- the built-in families as torch.nn.Modules ------------------------------------------------
@@ -37,15 +37,20 @@ def fresh_metrics(monkeypatch):
 class _Tap(tnn.Module):
     """The identity at one tap of a family's block, holding the block's listed weights (so that
     probe's "parameters inside the tapped module" are the family's layer weights) and declaring
-    the structure the family's own rules give for the last batch (`isosweep_structure`)."""
+    the structure the family's own rules give for the last batch (`isosweep_structure`) and,
+    at a transformer's attention taps, the block's attention weights (`isosweep_attention`)."""
 
     def __init__(self, weights: list[torch.Tensor]) -> None:
         super().__init__()
         self.w = tnn.ParameterList([tnn.Parameter(w.detach().clone()) for w in weights])
         self.declared: tuple[bool, int] | None = None
+        self.weights: torch.Tensor | None = None
 
     def isosweep_structure(self, n: int, features: int) -> tuple[bool, int]:
         return self.declared if self.declared is not None else (False, min(n, features))
+
+    def isosweep_attention(self) -> torch.Tensor | None:
+        return self.weights
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return h
@@ -96,6 +101,8 @@ class FamilyModule(tnn.Module):
             for i, (h, s) in enumerate(zip(taps.layers[kind], forced[kind], strict=True)):
                 tap = self.kind_taps[kind][i]
                 tap.declared = (s.ones_in_null, s.rank)
+                if kind == "attn":
+                    tap.weights = taps.attention[i]  # (n, heads, T, T)
                 tap(h)
         outputs = {id(h): (k, i) for k in self.net.kinds for i, h in enumerate(taps.layers[k])}
         for i, h in enumerate(taps.outputs):
@@ -130,7 +137,7 @@ def _close(a, b) -> None:
 )
 def test_probe_equals_fits_own_record_for_each_family(model, extra):
     kw = {"depth": 3, "width": 16, "batch_size": 12, **extra}
-    config = TrialConfig(model=model, epochs=0, dtype="float64", **kw)
+    config = TrialConfig(model=model, epochs=0, dtype="float64", tap_metrics=True, **kw)
     record = next(iter(fit(config)))  # fit's epoch-0 record
     trial = Trial(config)  # the same weights and probe batch (seeded as fit seeds them)
     module = FamilyModule(trial)
@@ -145,10 +152,17 @@ def test_probe_equals_fits_own_record_for_each_family(model, extra):
     per_kind = probe(module, x, y=y, taps=names, head="head_w")
     for m in ("isometry_gap", "range_isometry_gap", "isometry_gap_error"):
         _close(per_kind[f"{m}/output"], np.concatenate([record[f"{m}/{k}"] for k in kinds]))
-    if model == "transformer":
+    if model == "transformer":  # the per-tap metrics of the token stream (n, T, d)
         streams = probe(module, x, taps="streams.{i}", head="head_w")
-        _close(streams["token_isometry_gap"], record["token_isometry_gap"])
-        _close(streams["token_cosine"], record["token_cosine"])
+        for key in ("token_isometry_gap", "token_cosine", "effective_rank", "stable_rank"):
+            _close(streams[key], record[key])
+        attn = probe(module, x, taps="kind_taps.attn.{i}", head="head_w")
+        for key in ("attention_entropy", "attention_entropy_heads"):
+            _close(attn[key], record[key])
+        assert record["attention_entropy_heads"].shape == (L, trial.config.heads)
+    else:
+        for key in ("effective_rank", "stable_rank"):
+            _close(blocks[key], record[key])
     if extra.get("width") == 8:  # the control: n = 12 > d = 8 is +inf, not just large
         assert np.isinf(per_kind["isometry_gap/output"]).all()
 
@@ -528,10 +542,12 @@ def test_attention_entropy_is_log_s_for_uniform_attention():
         m[0].self_attn.in_proj_bias[: 2 * d].zero_()
     x = torch.randn(5, T, d, dtype=torch.float64)
     record = probe(m, x, taps=["0.self_attn", "0"])
-    ent = record["attention_entropy"]
+    ent = record["attention_entropy_heads"]
     assert ent.shape == (2, 2)
     np.testing.assert_allclose(ent[0], [math.log(T)] * 2, rtol=1e-12)
     assert np.isnan(ent[1]).all()  # the layer's output is no attention module
+    assert record["attention_entropy"][0] == pytest.approx(math.log(T), rel=1e-12)
+    assert np.isnan(record["attention_entropy"][1])
     sa = m[0].self_attn
     assert not sa._forward_pre_hooks and not sa._forward_hooks
     assert not [k for k in sa.__dict__ if k.startswith("_isosweep")]  # nothing left behind
@@ -545,7 +561,7 @@ def test_attention_entropy_is_log_s_for_uniform_attention():
             mask = tnn.Transformer.generate_square_subsequent_mask(T, dtype=x.dtype)
             return self.inner[2](self.inner[1](self.inner[0](x, src_mask=mask, is_causal=True)))
 
-    causal = probe(Causal(m), x, taps=["inner.0.self_attn"])["attention_entropy"][0]
+    causal = probe(Causal(m), x, taps=["inner.0.self_attn"])["attention_entropy_heads"][0]
     want = np.mean([math.log(t + 1) for t in range(T)])
     np.testing.assert_allclose(causal, [want] * 2, rtol=1e-12)
 
@@ -553,7 +569,8 @@ def test_attention_entropy_is_log_s_for_uniform_attention():
 def test_attention_entropy_against_numpy():
     m = _encoder(seed=6)
     x = torch.randn(4, 6, 8, dtype=torch.float64)
-    got = probe(m, x, taps=["0.self_attn"])["attention_entropy"][0]
+    record = probe(m, x, taps=["0.self_attn"])
+    got = record["attention_entropy_heads"][0]
     attn = m[0].self_attn
     W, b = attn.in_proj_weight.detach().numpy(), attn.in_proj_bias.detach().numpy()
     h = x.numpy()  # what the attention sees: the layer's input (post-norm: LayerNorm after)
@@ -567,3 +584,4 @@ def test_attention_entropy_against_numpy():
         want.append(float(-(a * np.log(a)).sum(-1).mean()))
     np.testing.assert_allclose(got, want, rtol=1e-9)
     assert (got > 0).all() and (got < math.log(6)).all()
+    assert record["attention_entropy"][0] == pytest.approx(np.mean(want), rel=1e-9)

@@ -14,7 +14,9 @@ can be stacked along a leading axis and run as one batched model (docs/architect
   (reshaped (n, −1)) gives isometry_gap/<kind>;
 - `outputs[ℓ]`: block ℓ + 1's output — the residual stream where there is one — for rms and
   mean_cosine;
-- `tokens[ℓ]` (transformers): the (n, T, d) stream after block ℓ + 1, for the token metrics.
+- `tokens[ℓ]` (transformers): the (n, T, d) stream after block ℓ + 1, for the token metrics;
+- `attention[ℓ]` (attention layers): block ℓ + 1's attention weights (n, heads, T, S), rows
+  summing to 1, for the attention entropy (workers/custom_metrics.py).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Taps:
     layers: dict[str, list[Tensor]]
     outputs: list[Tensor]
     tokens: list[Tensor] | None = None
+    attention: list[Tensor] | None = None
 
 
 class Net(Protocol):

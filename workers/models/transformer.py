@@ -40,7 +40,8 @@ Taps (`forward(..., taps=True)`), per block: "attn" and "mlp" are the sublayer o
 c·Attn(·), c·MLP(·) (before the add, after the scale), "residual" the stream x' after the
 block; Taps.layers hold each MEAN-POOLED over tokens, (n, d) — the sample Gram is of the pooled
 representation. Taps.outputs = the pooled stream, Taps.tokens = the stream (n, T, d) itself
-(workers/token_metrics.py).
+(workers/token_metrics.py), Taps.attention = each block's A (n, heads, T, T) (the attention
+entropy, workers/custom_metrics.py).
 """
 
 from __future__ import annotations
@@ -252,9 +253,17 @@ class TransformerNet:
         return h + p["pos"] if self.use_pos else h
 
     def block(
-        self, p: Params, s: State, ell: int, x: Tensor, mode: Mode, sigma: Callable
+        self,
+        p: Params,
+        s: State,
+        ell: int,
+        x: Tensor,
+        mode: Mode,
+        sigma: Callable,
+        weights: list[Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """Block ℓ (1-based) on the stream x (n, T, d): (c·Attn, c·MLP or None, x')."""
+        """Block ℓ (1-based) on the stream x (n, T, d): (c·Attn, c·MLP or None, x'); the
+        attention weights A (n, heads, T, T) appended to `weights` if given."""
         c = self.config
         scale = c.residual_scale
 
@@ -266,7 +275,10 @@ class TransformerNet:
             return _linear(p, f"W2{ell}", f"b2{ell}", z)
 
         pre = c.norm_position == "pre"
-        a = scale * attention(p, ell, norm("attn", x) if pre else x, c.heads)[0]
+        out_a, A = attention(p, ell, norm("attn", x) if pre else x, c.heads)
+        if weights is not None:
+            weights.append(A)
+        a = scale * out_a
         h = a if not c.skip else x + a
         if not pre:
             h = norm("attn", h)
@@ -283,9 +295,9 @@ class TransformerNet:
     ) -> tuple[Tensor, Taps | None]:
         sigma = get_activation(self.config.activation).torch(torch)
         h = self.embed(p, x)
-        attn, mlp, stream = [], [], []
+        attn, mlp, stream, weights = [], [], [], []
         for ell in range(1, self.depth + 1):
-            a, m, h = self.block(p, s, ell, h, mode, sigma)
+            a, m, h = self.block(p, s, ell, h, mode, sigma, weights if taps else None)
             if taps:
                 attn.append(a.mean(dim=1))
                 if m is not None:
@@ -298,7 +310,7 @@ class TransformerNet:
         layers = {"attn": attn, "residual": pooled}
         if self.has_mlp:
             layers["mlp"] = mlp
-        return logits, Taps({k: layers[k] for k in self.kinds}, pooled, stream)
+        return logits, Taps({k: layers[k] for k in self.kinds}, pooled, stream, weights)
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
         """Structural rank bounds of the pooled taps (n, d), in forward order, each refined by
