@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from service.plots import draw as plot_draw  # noqa: E402
 from service.plots import render  # noqa: E402
-from service.plots.stored import line_prediction, make_plot  # noqa: E402
+from service.plots.overlay import line_prediction  # noqa: E402
+from service.plots.stored import make_plot  # noqa: E402
 from service.spec import SweepSpec, load_spec  # noqa: E402
 from service.store import Store  # noqa: E402
 from service.theory import isometry_strength  # noqa: E402
@@ -117,6 +118,7 @@ def show(title: str, text: str) -> None:
 
 
 def bn_gradients_numbers(store: Store, sid: int) -> None:
+    relative_grad_numbers(store, sid, {"norm": "batch", "dataset": "gaussian"})
     g = store.read_metrics(sid, metrics="grad_norm", epoch=0, layers=[1])
     keys = ["dataset", "norm", "init"]
     table = pivot_cells(g, keys, "depth", log10_cell)
@@ -145,6 +147,25 @@ def bn_gradients_numbers(store: Store, sid: int) -> None:
         "gaussian, mean over seeds",
         md_table(pivot_cells(last, ["norm", "init"], "depth", cell)),
     )
+
+
+def relative_grad_numbers(store: Store, sid: int, where: dict[str, Any]) -> None:
+    """The gradient overlay's numbers: ‖∂ℒ/∂W₁‖/‖∂ℒ/∂W_L‖ per depth, geometric mean over seeds
+    (the figure's points) and the prediction (its dashed line: service.plots.overlay)."""
+    g = store.read_metrics(sid, metrics="grad_norm", epoch=0, where=where)
+    first = g[g["layer"] == 1].set_index(["trial_id"])["value"]
+    last = g[g["layer"] == g["depth"]].set_index(["trial_id"])["value"]
+    rel = g[g["layer"] == 1]
+    rel = rel.assign(value=rel["trial_id"].map(first / last).to_numpy(float))
+    geo = lambda v: f"{np.exp(np.mean(np.log(v))):.3g}"  # noqa: E731
+    table = pivot_cells(rel, ["init"], "depth", geo)
+    trials = trials_where(store, sid, {**where, "init": "gaussian"})
+    got = line_prediction(store, trials, "grad_norm", x="depth", layer=1)
+    if got is not None:
+        table.loc["prediction"] = [f"{v:.3g}" for v in got[1]]
+    text = ", ".join(f"{k}={v}" for k, v in where.items())
+    show(f"‖∂ℒ/∂W₁‖/‖∂ℒ/∂W_L‖ at initialization ({text}): measured (geomean over seeds), "
+         "predicted", md_table(table))  # fmt: skip
 
 
 def finite_from(gaps: pd.DataFrame, depth: int) -> str:
@@ -182,7 +203,7 @@ def layernorm_numbers(store: Store, sid: int) -> None:
         part = wide[wide["activation"] == act]
         m = part.groupby("layer")["value"].mean()  # (L,) mean over seeds
         trials = trials_where(store, sid, {"activation": act, "width": int(wide["width"].max())})
-        _, p = line_prediction(store, trials, "norm")  # (L,) the overlay's dashed line
+        _, p = line_prediction(store, trials, "isometry_gap/norm")  # (L,) the overlay's line
         beta = isometry_strength(act)
         row = {"activation": act, "β": f"{beta:.4f}", "(2−β)²": f"{(2 - beta) ** 2:.3f}"}
         row |= {"ratio 1→5 meas": f"{(m[5] / m[1]) ** 0.25:.3f}"}
@@ -302,6 +323,19 @@ def desmith_numbers(store: Store, sid: int) -> None:
     mg = g.groupby(["residual_scale", "depth"])["value"].mean().unstack("depth")
     ratios = mg.div(mg.shift(axis=1)).iloc[:, 1:].round(2)
     show("grad_norm ℓ = 1: ratio between consecutive depths", md_table(ratios))
+    rows = []
+    deep = store.read_metrics(sid, metrics="rms", epoch=0, where={"depth": 64})
+    for c, part in deep.groupby("residual_scale"):
+        m = part.groupby("layer")["value"].mean()
+        got = line_prediction(store, trials_where(store, sid, {"depth": 64, "residual_scale": c}),
+                              "rms")  # fmt: skip
+        p = got[1] if got is not None else np.full(64, np.nan)
+        for ell in (1, 4, 16, 64):
+            rows.append({"residual_scale": c, "ℓ": ell, "rms measured": f"{m[ell]:.4f}",
+                         "rms predicted": f"{p[ell - 1]:.4f}",
+                         "rel. error": f"{m[ell] / p[ell - 1] - 1:+.2%}"})  # fmt: skip
+    show("the rms overlay, depth 64: measured (mean over seeds) and predicted",
+         md_table(pd.DataFrame(rows).set_index(["residual_scale", "ℓ"])))  # fmt: skip
 
 
 def scaled_resnet_numbers(store: Store, sid: int) -> None:
@@ -496,6 +530,18 @@ EXPERIMENTS = [
                 ),
             ),
             Figure(
+                "bn-gradients-overlay.png",
+                "theory_overlay",
+                dict(
+                    metric="grad_norm",
+                    x="depth",
+                    layer=1,
+                    group_by="init",
+                    where={"norm": "batch", "dataset": "gaussian"},
+                    **PAPER_AXES,
+                ),
+            ),
+            Figure(
                 "bn-gradients-profile.png",
                 "layer_profile",
                 dict(metric="grad_norm", group_by="init", where={"norm": "batch", "depth": 1000}),
@@ -619,6 +665,11 @@ EXPERIMENTS = [
                 "desmith-rms-profile.png",
                 "layer_profile",
                 dict(metric="rms", group_by="residual_scale", where={"depth": 64}, band="std"),
+            ),
+            Figure(
+                "desmith-rms-overlay.png",
+                "theory_overlay",
+                dict(metric="rms", x="layer", group_by="residual_scale", where={"depth": 64}),
             ),
             Figure(
                 "desmith-grad-depth.png",
