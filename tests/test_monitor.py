@@ -7,6 +7,7 @@ restart, cancel and divergence (a resumed diverged run stops too)."""
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -441,21 +442,65 @@ def test_the_routes_answer_409_and_422(live):
 
 # --- docs/own-loop.md, cell by cell -----------------------------------------------------------
 
+OWN_LOOP = ROOT / "docs" / "own-loop.md"
+
+
+def _cells() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", OWN_LOOP.read_text(), re.S)
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """`isosweep serve` with its runner, its configured modules the registered model and the
+    guide's metric cell as the lab's module (docs/own-loop.md: the server knows the name)."""
+    import surface_support
+
+    (tmp_path / "lab_metrics.py").write_text(_cells()[1])
+    base = surface_support.serve_env
+
+    def env() -> dict[str, str]:
+        out = base()
+        out["PYTHONPATH"] = os.pathsep.join([str(tmp_path), out["PYTHONPATH"]])
+        out["ISOSWEEP_MODEL_MODULES"] = f"{out['ISOSWEEP_MODEL_MODULES']},lab_metrics"
+        return out
+
+    monkeypatch.setattr(surface_support, "serve_env", env)
+    served = surface_support.start_serve(tmp_path)
+    yield served, f"sqlite:///{tmp_path / 'surface.db'}"
+    surface_support.stop_serve(served)
+
 
 @pytest.mark.slow
-def test_the_own_loop_doc_runs_cell_by_cell(live, monkeypatch):
-    url, store = live
-    monkeypatch.setenv("ISOSWEEP_API_URL", url)
+@pytest.mark.ray
+def test_the_own_loop_doc_runs_cell_by_cell(served, monkeypatch):
+    """The guide as notebook cells against a server whose runner runs its isosweep sweep: the
+    Monitor'd run and the sweep compared on the guide's own metric, both real records."""
+    from service import metric_names
+
+    server, database_url = served
+    monkeypatch.setenv("ISOSWEEP_API_URL", server.url)
     monkeypatch.delenv("ISOSWEEP_API_TOKEN", raising=False)
-    cells = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "own-loop.md").read_text(), re.S)
-    assert len(cells) == 3
+    monkeypatch.setattr(metric_names, "_LAB", {})  # the cell's registration stays in this test
+    cells = _cells()
+    assert len(cells) == 5
     env: dict[str, Any] = {}
     try:
         for i, cell in enumerate(cells):
             exec(compile(cell, f"docs/own-loop.md cell {i}", "exec"), env)
     finally:
-        env["client"].close()
-    assert env["status"] == "completed"
+        if "client" in env:
+            env["client"].close()
+    monitor, reference, both = env["monitor"], env["reference"], env["both"]
+    assert env["status"] == "completed" and reference["status"] == "completed"
     assert sorted(env["gaps"]["epoch"].unique()) == [0, 10, 20, 30]
-    assert store.get_sweep(env["monitor"].sweep_id).spec["parameters"]["optimizer.lr"] == 3e-3
-    assert "token_isometry_gap" in env["monitor"].last_record
+    assert {"token_isometry_gap", "norm_spread", "effective_rank"} <= set(monitor.last_record)
+    # the guide's metric at each block of both sweeps, from two real runs
+    assert sorted(set(both["sweep_id"])) == sorted([monitor.sweep_id, reference["id"]])
+    assert sorted(both["layer"]) == [1, 1, 2, 2]
+    assert (both["value"] >= 1).all() and np.isfinite(both["value"]).all()
+    with Store(database_url) as store:
+        mine = store.get_trial(monitor.trial_id).config["model_params"]
+        assert mine["optimizer.lr"] == 3e-3 and mine["d_model"] == 32
+        (ref_trial,) = store.list_trials(reference["id"])[0]
+        _, spread = store.trial_history(ref_trial.id, "norm_spread")
+        assert spread.shape == (3, 2) and (spread >= 1).all()  # epochs 0..2, in fit's records

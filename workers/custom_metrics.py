@@ -181,28 +181,19 @@ def update_ratios(
     previous: dict[str, Any],
 ) -> dict[str, Any]:
     """ "update_ratio" per layer and "head_update_ratio" (if `head`): ‖θ − θ_prev‖_F /
-    ‖θ_prev‖_F over the layer's listed weights together (float64; NaN for a layer without one,
-    or 0/0; +∞ from a zero θ_prev).
+    ‖θ_prev‖_F over the layer's listed weights together (NaN for a layer without one, or 0/0;
+    +∞ from a zero θ_prev). Each weight's difference is taken in its dtype (a float32
+    difference rounds by at most u₃₂ relative) and its squares summed in float64; one sync
+    for all.
 
     Raises:
         InvalidInput (field "previous"): a weight `previous` lacks, or one of another shape.
     """
     import numpy as np
-
-    def ratio(names: Sequence[str]) -> float:
-        return _ratio(names, params, previous)
-
-    out: dict[str, Any] = {"update_ratio": np.array([ratio(ws) for ws in layer_weights])}
-    if head is not None:
-        out["head_update_ratio"] = ratio([head])
-    return out
-
-
-def _ratio(names: Sequence[str], params: dict[str, Any], previous: dict[str, Any]) -> float:
     import torch
 
-    if not names:
-        return math.nan
+    groups = [list(ws) for ws in layer_weights] + ([[head]] if head is not None else [])
+    names = list(dict.fromkeys(k for ws in groups for k in ws))
     for k in names:
         if k not in previous:
             raise InvalidInput(f"previous has no parameter {k!r}", field="previous")
@@ -212,15 +203,32 @@ def _ratio(names: Sequence[str], params: dict[str, Any], previous: dict[str, Any
                 f"{tuple(params[k].shape)}",
                 field="previous",
             )
-    with torch.no_grad():
-        now = torch.cat([params[k].detach().reshape(-1).to(torch.float64) for k in names])
-        then = torch.cat(
-            [previous[k].detach().reshape(-1).to(device=now.device, dtype=torch.float64)
-             for k in names]
-        )  # fmt: skip
-        step = float(torch.linalg.vector_norm(now - then))
-        size = float(torch.linalg.vector_norm(then))
-    return step / size if size > 0 else (math.nan if step == 0 else math.inf)
+    squares: dict[str, tuple[float, float]] = {}
+    if names:
+        f64 = torch.float64
+        with torch.no_grad():
+            norms = []  # per weight ‖θ − θ_prev‖, ‖θ_prev‖ (0-d, on the weight's device)
+            for k in names:
+                now = params[k].detach()
+                then = previous[k].detach().to(device=now.device, dtype=now.dtype)
+                norms.append(torch.linalg.vector_norm(now - then, dtype=f64))
+                norms.append(torch.linalg.vector_norm(then, dtype=f64))
+            values = torch.stack([t.to("cpu") for t in norms]).tolist()  # one sync
+        squares = {k: (values[2 * i] ** 2, values[2 * i + 1] ** 2) for i, k in enumerate(names)}
+
+    def ratio(ws: list[str]) -> float:
+        if not ws:
+            return math.nan
+        step = math.sqrt(sum(squares[k][0] for k in ws))
+        size = math.sqrt(sum(squares[k][1] for k in ws))
+        return step / size if size > 0 else (math.nan if step == 0 else math.inf)
+
+    out: dict[str, Any] = {
+        "update_ratio": np.array([ratio(ws) for ws in groups[: len(layer_weights)]])
+    }
+    if head is not None:
+        out["head_update_ratio"] = ratio([head])
+    return out
 
 
 def snapshot(params: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:

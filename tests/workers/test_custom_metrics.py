@@ -159,3 +159,46 @@ def test_metrics_load_from_the_configured_module(tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert float(out.stdout.split()[-1]) == pytest.approx(5.0, rel=1e-12)  # ‖[[3,4],[0,0]]‖_F
+
+
+def test_the_batched_ranks_equal_each_taps_own_and_zero_taps_are_nan(fresh):
+    """tap_metrics stacks equal-shaped taps into one SVD: each value is the single-tap one
+    (closed forms included: a zero tap NaN, an ill-conditioned one as its singular values say)."""
+    taps = [
+        _with_singular_values([3.0, 2.0, 1.0], 8, 6, seed=1),
+        torch.zeros(8, 6, dtype=torch.float64),
+        _with_singular_values([1e12, 1.0, 1e-12], 8, 6, seed=2),
+        _with_singular_values([1.0] * 4, 5, 4, seed=3),  # another shape: its own group
+    ]
+    got = custom_metrics.tap_metrics(taps)
+    assert np.isnan(got["effective_rank"][1]) and np.isnan(got["stable_rank"][1])
+    for i in (0, 2, 3):
+        assert got["effective_rank"][i] == pytest.approx(effective_rank(taps[i]), rel=1e-12)
+        assert got["stable_rank"][i] == pytest.approx(stable_rank(taps[i]), rel=1e-12)
+    assert got["effective_rank"][3] == pytest.approx(4, rel=1e-12)
+    assert got["stable_rank"][2] == pytest.approx(1 + 1e-24, rel=1e-12)
+
+
+def test_attention_record_pads_heads_and_skips_taps_without_weights():
+    uniform = torch.full((2, 3, 4, 4), 0.25, dtype=torch.float64)  # 3 heads, 4 keys
+    one_hot = torch.eye(5, dtype=torch.float64).expand(1, 2, 5, 5)  # 2 heads, entropy 0
+    out = custom_metrics.attention_record([uniform, None, one_hot])
+    heads = out["attention_entropy_heads"]
+    assert heads.shape == (3, 3)
+    np.testing.assert_allclose(heads[0], math.log(4), rtol=1e-15)
+    assert np.isnan(heads[1]).all() and (heads[2, :2] == 0).all() and np.isnan(heads[2, 2])
+    np.testing.assert_allclose(out["attention_entropy"], [math.log(4), math.nan, 0.0])
+    assert custom_metrics.attention_record([None, None]) == {}
+
+
+def test_update_ratios_of_degenerate_weights():
+    """0/0 (a zero weight unchanged) is NaN, a zero weight that moved +∞, a layer without a
+    weight NaN; float32 weights: the difference in float32, the sums in float64."""
+    zero = torch.zeros(2, 2)
+    prev = {"a": zero, "b": zero, "c": torch.ones(2, 2), "h": torch.ones(3, 2)}
+    now = {"a": zero, "b": torch.ones(2, 2), "c": torch.full((2, 2), 1.5), "h": 2 * prev["h"]}
+    out = custom_metrics.update_ratios([["a"], ["b"], [], ["c", "a"]], "h", now, prev)
+    r = out["update_ratio"]
+    assert math.isnan(r[0]) and r[1] == math.inf and math.isnan(r[2])
+    assert r[3] == pytest.approx(0.5, rel=1e-15) and out["head_update_ratio"] == 1.0
+    assert "head_update_ratio" not in custom_metrics.update_ratios([["c"]], None, now, prev)
