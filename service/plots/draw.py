@@ -183,6 +183,7 @@ def fit_texts(fig: FittedFigure, renderer: Any) -> None:
         with warnings.catch_warnings():  # a layout that cannot fit yet: the next try shrinks
             warnings.filterwarnings("ignore", "constrained_layout not applied")
             for _ in range(PASSES):
+                rooms = _rooms(fig)
                 for f in fig.fits:
                     _rewrap(f.artist, f.raw, f.room(), renderer)
                 place_legends(fig, renderer)
@@ -190,8 +191,17 @@ def fit_texts(fig: FittedFigure, renderer: Any) -> None:
                 if engine is None:
                     return
                 engine.execute(fig)
+                if _rooms(fig) == rooms:  # the layout gave the rooms it was wrapped for
+                    break
         if _fits(fig, renderer):
             return
+
+
+def _rooms(fig: FittedFigure) -> tuple:
+    """What a pass of fit_texts wraps and places for: each text's room and each axes' box, to
+    the half pixel; a pass that leaves them as they were is the last one needed."""
+    rooms = tuple(round(2 * f.room()) for f in fig.fits)
+    return rooms + tuple(round(2 * v) for ax in fig.axes for v in ax.bbox.bounds)
 
 
 def _fits(fig: FittedFigure, renderer: Any) -> bool:
@@ -216,7 +226,7 @@ def _rewrap(artist: Text, raw: str, room: float, renderer: Any) -> None:
     prop = artist.get_fontproperties()
 
     def width(text: str) -> float:
-        return renderer.get_text_width_height_descent(text, prop, ismath=False)[0]
+        return text_width(renderer, prop, text)
 
     out: list[str] = []
     for line in raw.split("\n"):
@@ -233,6 +243,25 @@ def _rewrap(artist: Text, raw: str, room: float, renderer: Any) -> None:
                 current = candidate
         out.append(current)
     artist.set_text("\n".join(out))
+
+
+# Text widths measured so far, by renderer kind and resolution, font and text: a figure is
+# wrapped PASSES times per scale and its legend entries again per placement, mostly the same
+# texts at the same sizes (and a sweep's figures share their labels). Read and written under
+# DRAWING; emptied when it reaches WIDTHS_KEPT.
+_WIDTHS: dict[tuple, float] = {}
+WIDTHS_KEPT = 100_000
+
+
+def text_width(renderer: Any, prop: Any, text: str) -> float:
+    """The width in px of `text` as `renderer` draws it in font `prop` (memoized)."""
+    key = (type(renderer).__name__, getattr(renderer, "dpi", None), hash(prop), text)
+    got = _WIDTHS.get(key)
+    if got is None:
+        if len(_WIDTHS) >= WIDTHS_KEPT:
+            _WIDTHS.clear()
+        got = _WIDTHS[key] = renderer.get_text_width_height_descent(text, prop, ismath=False)[0]
+    return got
 
 
 def _wrapped_labels(labels: list[str], room: float, renderer: Any, size: float) -> list[str]:
@@ -269,24 +298,42 @@ def place_legends(fig: FittedFigure, renderer: Any) -> None:
 
 
 def _below(fig: FittedFigure, spec: _Legend, renderer: Any, width: float) -> None:
+    """The legend below the axes in the most columns whose width fits the figure's: found by
+    bisection (a legend widens with its columns), so a legend of n entries is built about
+    log₂ n times rather than up to n."""
     size = fig.legend_size
     labels = _wrapped_labels(spec.labels, 0.45 * width, renderer, size)
-    for ncols in range(len(labels), 0, -1):
+    if spec.ax is None:
+        at = None
+    else:
+        below = spec.ax.xaxis.get_tightbbox(renderer)  # its tick labels and label, if shown
+        drop = (spec.ax.bbox.y0 - below.y0 if below is not None else 0.0) + PAD  # px
+        down = spec.ax.transAxes + ScaledTranslation(0, -drop / fig.dpi, fig.dpi_scale_trans)
+        at = blended_transform_factory(fig.transFigure, down)  # centred in the figure
+
+    def build(ncols: int) -> Any:
         if spec.ax is None:
-            leg = fig.legend(spec.handles, labels, loc="outside lower center", ncols=ncols,
-                             fontsize=size)  # fmt: skip
-        else:
-            ax = spec.ax
-            below = ax.xaxis.get_tightbbox(renderer)  # its tick labels and label, if shown
-            drop = (ax.bbox.y0 - below.y0 if below is not None else 0.0) + PAD  # px
-            down = ax.transAxes + ScaledTranslation(0, -drop / fig.dpi, fig.dpi_scale_trans)
-            at = blended_transform_factory(fig.transFigure, down)  # centred in the figure
-            leg = ax.legend(spec.handles, labels, title=spec.title, loc="upper center",
-                            bbox_to_anchor=(0.5, 0.0), bbox_transform=at, ncols=ncols,
-                            fontsize=size, title_fontsize=size, frameon=False)  # fmt: skip
-        if ncols == 1 or leg.get_window_extent(renderer).width <= width - 2 * PAD:
-            return
+            return fig.legend(spec.handles, labels, loc="outside lower center", ncols=ncols,
+                              fontsize=size)  # fmt: skip
+        return spec.ax.legend(spec.handles, labels, title=spec.title, loc="upper center",
+                              bbox_to_anchor=(0.5, 0.0), bbox_transform=at, ncols=ncols,
+                              fontsize=size, title_fontsize=size, frameon=False)  # fmt: skip
+
+    def fits(leg: Any) -> bool:
+        return leg.get_window_extent(renderer).width <= width - 2 * PAD
+
+    lo, hi = 1, max(len(labels), 1)  # 1 column is kept whatever its width
+    leg, built = build(hi), hi
+    if fits(leg):
+        return
+    while hi - lo > 1:  # invariant: lo columns fit (or lo = 1), hi do not
         leg.remove()
+        mid = (lo + hi) // 2
+        leg, built = build(mid), mid
+        lo, hi = (mid, hi) if fits(leg) else (lo, mid)
+    if built != lo:
+        leg.remove()
+        build(lo)
 
 
 def palette(labels: list[str], sequential: bool) -> dict[str, tuple]:
