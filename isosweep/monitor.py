@@ -34,7 +34,7 @@ import numpy as np
 
 from service.config import SPECTRUM_KEYS
 from service.errors import InvalidInput
-from service.metric_names import metric_names
+from service.models import known_metrics
 from service.status import TrialStatus
 from service.store.external import LOOP_SCALARS, flatten
 
@@ -146,7 +146,7 @@ class Monitor:
             raise InvalidInput(f"a step is an integer ≥ 0, not {step!r}", field="step")
         record = self._probe(step, diverging=any(not math.isfinite(v) for v in values.values()))
         self.last_record = {**record, **values}
-        storable = {*metric_names(), *SPECTRUM_KEYS}
+        storable = {*known_metrics(), *SPECTRUM_KEYS}
         kept = {k: v for k, v in record.items() if k in storable}
         self.dropped = tuple(k for k in record if k not in storable)
         answer = self._io.append(self.trial_id, step, {**kept, **values})

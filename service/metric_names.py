@@ -5,11 +5,12 @@ both import it and neither imports the other. service.config re-exports every na
 
 Besides the built-in names (tuples, fixed at import), a lab's per-tap metrics
 (`isosweep.register_metric`, workers/custom_metrics.py; docs/probe.md "Your own metrics") are
-per-layer metrics too, known once the server's configured modules are imported
-(ISOSWEEP_MODEL_MODULES, the `isosweep.models` entry points: service.models.load_registered):
-`lab_metrics()`, and `metric_names()` / `is_layer_metric()` that the store and the routes check
-names against. Their functions are kept here as opaque objects (a worker calls them; the
-service never does), so the service knows the names without importing torch.
+per-layer metrics too, registered here (`register_lab_metric`) once the server's configured
+modules are imported (ISOSWEEP_MODEL_MODULES, the `isosweep.models` entry points):
+service.models.lab_metrics() imports them first, and service.models.known_metrics() /
+is_layer_metric() are what the store and the routes check names against. Their functions are
+kept here as opaque objects (a worker calls them; the service never does), so the service knows
+the names without importing torch.
 """
 
 from __future__ import annotations
@@ -135,20 +136,7 @@ def register_lab_metric(name: str, fn: Any, *, replace: bool = False) -> None:
     _LAB[name] = fn
 
 
-def lab_metrics() -> dict[str, Any]:
-    """The lab's registered per-tap metrics (name → fn), once the configured modules are
-    imported (service.models.load_registered)."""
-    from service.models import load_registered
-
-    load_registered()
+def registered_lab_metrics() -> dict[str, Any]:
+    """The lab's per-tap metrics registered so far (name → fn): service.models.lab_metrics()
+    imports the configured modules first."""
     return dict(_LAB)
-
-
-def metric_names() -> tuple[str, ...]:
-    """Every metric a record may hold: METRICS, then the lab's per-tap metrics by name."""
-    return (*METRICS, *sorted(lab_metrics()))
-
-
-def is_layer_metric(name: str) -> bool:
-    """A per-layer metric: one of LAYER_METRICS, or a lab's per-tap metric."""
-    return name in LAYER_METRICS or (name not in SCALAR_METRICS and name in lab_metrics())

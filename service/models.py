@@ -38,10 +38,12 @@ from service import library_models as library
 from service.errors import InvalidInput
 from service.metric_names import (
     LAYER_METRICS,
+    METRICS,
     PRECISION_CHECKED_LAYERS,
     PRECISION_PREFIX,
+    SCALAR_METRICS,
     TAP_METRICS,
-    lab_metrics,
+    registered_lab_metrics,
 )
 from service.param_columns import column_of
 from service.pydantic_errors import invalid_from_pydantic
@@ -161,6 +163,23 @@ def load_registered() -> None:
 def registered() -> dict[str, RegisteredModel]:
     load_registered()
     return dict(_REGISTRY)
+
+
+def lab_metrics() -> dict[str, Any]:
+    """A lab's registered per-tap metrics (name → fn; isosweep.register_metric, registered in
+    service.metric_names), once the configured modules are imported."""
+    load_registered()
+    return registered_lab_metrics()
+
+
+def known_metrics() -> tuple[str, ...]:
+    """Every metric a record may hold: METRICS, then the lab's per-tap metrics by name."""
+    return (*METRICS, *sorted(lab_metrics()))
+
+
+def is_layer_metric(name: str) -> bool:
+    """A per-layer metric: one of LAYER_METRICS, or a lab's per-tap metric."""
+    return name in LAYER_METRICS or (name not in SCALAR_METRICS and name in lab_metrics())
 
 
 def model_names() -> tuple[str, ...]:

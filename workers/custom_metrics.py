@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from service.errors import InvalidInput
-from service.metric_names import TAP_METRICS, lab_metrics, register_lab_metric
+from service.metric_names import TAP_METRICS, register_lab_metric
+from service.models import lab_metrics
 
 Metric = Callable[[Any], float]
 

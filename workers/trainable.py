@@ -21,7 +21,7 @@ import numpy as np
 
 from service.config import LAYER_METRICS, METRICS, RECORD_KEYS, SPECTRUM_KEYS
 from service.errors import DataUnavailable, InvalidInput
-from service.metric_names import lab_metrics
+from service.models import lab_metrics
 
 PARAM_KEY = "param"  # the key of the Tune config that holds one trial's parameters
 PACK_KEY = "pack"  # in PARAM_KEY's dict: the members of a pack (workers/packed.py)
@@ -182,7 +182,7 @@ def from_transport(result: dict[str, Any]) -> dict[str, Any]:
     """The epoch record inside a Tune result: only the record's own keys (Tune adds its own:
     time_this_iter_s, config, …), per-layer vectors and the input Gram back to float64 arrays."""
     record: dict[str, Any] = {}
-    lab = lab_metrics()  # a lab's per-tap metrics: per-layer arrays (service.metric_names)
+    lab = lab_metrics()  # a lab's per-tap metrics: per-layer arrays (service.models)
     for key in RESULT_KEYS.union(lab).intersection(result):
         value = result[key]
         array = key in ARRAY_KEYS or key in lab

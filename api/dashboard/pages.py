@@ -31,8 +31,7 @@ from api.routes.deps import INT32_MAX
 from service import __version__
 from service.config import SCALAR_METRICS, TrialConfig
 from service.errors import InvalidInput, IsosweepError, NotFound
-from service.metric_names import metric_names
-from service.models import layer_metrics
+from service.models import known_metrics, layer_metrics
 from service.plots import METRIC_LABELS
 from service.plots.defaults import family_gap, preferred_gaps
 from service.search.best import best_trial
@@ -186,7 +185,7 @@ def sweep_page(request: Request, sweep_id: str) -> HTMLResponse:
         kinds=v.sweep_kinds(sweep.spec),
         takes=v.PLOT_TAKES,
         options=v.plot_options(list(swept)),
-        metrics=metric_names(),  # a lab's registered per-tap metrics too
+        metrics=known_metrics(),  # a lab's registered per-tap metrics too
         downloads=downloads(
             sweep.id, table.where, plot.get("metric"), store.settings.max_page_size
         ),
@@ -278,7 +277,7 @@ def compare_page(request: Request) -> HTMLResponse:
         plot=plot,
         kinds=COMPARE_KINDS,
         takes=v.PLOT_TAKES,
-        metrics=metric_names(),  # a lab's registered per-tap metrics too
+        metrics=known_metrics(),  # a lab's registered per-tap metrics too
         group_by=["epoch", *swept],
         plot_src=v.compare_plot_url(ids, plot),
         plot_png=v.compare_plot_url(ids, plot, fmt="png"),

@@ -15,7 +15,7 @@ from markupsafe import Markup, escape
 
 from service.config import FILTER_FIELDS
 from service.errors import InvalidInput
-from service.metric_names import metric_names
+from service.models import known_metrics
 from service.param_columns import FIELD as PARAMS
 from service.param_columns import canonical, param_of, spec_param_axes
 from service.plots import PLOT_KINDS, PLOT_PARAMETERS
@@ -358,7 +358,7 @@ def plot_choice(
         return default_plot(kind, swept, spec)
     choice = {"kind": kind or default_plot(None, swept, spec)["kind"]}
     choice |= {k: param(query, k) for k in PLOT_OPTIONS if param(query, k)}
-    if choice.get("metric") and choice["metric"] not in (known := metric_names()):
+    if choice.get("metric") and choice["metric"] not in (known := known_metrics()):
         raise InvalidInput(f"unknown value {choice['metric']!r}", field="metric", allowed=known)
     return choice
 
@@ -450,7 +450,7 @@ def compare_choice(
         raise InvalidInput(f"unknown value {kind!r}", field="kind", allowed=COMPARE_KINDS)
     choice: dict[str, Any] = {"kind": kind}
     choice |= {k: param(query, k) for k in COMPARE_OPTIONS if param(query, k)}
-    if choice.get("metric") and choice["metric"] not in (known := metric_names()):
+    if choice.get("metric") and choice["metric"] not in (known := known_metrics()):
         raise InvalidInput(f"unknown value {choice['metric']!r}", field="metric", allowed=known)
     return choice
 

@@ -15,7 +15,7 @@ from pydantic_core import PydanticCustomError
 from api.cache import SingleFlightCache
 from service.config import FILTER_FIELDS, METRICS, TrialConfig
 from service.errors import InvalidInput, StorageError
-from service.metric_names import metric_names
+from service.models import known_metrics
 from service.param_columns import param_of
 from service.settings import Settings
 from service.store import Store
@@ -30,7 +30,7 @@ Offset = Annotated[int, Query(ge=0, le=INT32_MAX, description="rows to skip")]
 def _known_metric(name: str) -> str:
     """A metric name: one of METRICS or a lab's per-tap metric the server registered
     (service.metric_names), refused as a literal field is (its "did you mean" included)."""
-    known = metric_names()
+    known = known_metrics()
     if name not in known:
         expected = ", ".join(repr(m) for m in known[:-1]) + f" or {known[-1]!r}"
         raise PydanticCustomError(

@@ -14,8 +14,8 @@ import pandas as pd
 
 from service.config import LAYER_METRICS
 from service.errors import InvalidInput
-from service.metric_names import is_layer_metric as _is_layer_metric
-from service.metric_names import metric_names
+from service.models import is_layer_metric as _is_layer_metric
+from service.models import known_metrics
 from service.param_columns import FIELD as PARAMS
 from service.plots.pooling import (
     BANDS,
@@ -63,7 +63,7 @@ def check_choice(value: object, allowed: Sequence[str], field: str) -> None:
 
 def check_metric(metric: str, allowed: Sequence[str] | None = None) -> None:
     """`metric` among `allowed` (default: METRICS and a lab's per-tap metrics)."""
-    check_choice(metric, metric_names() if allowed is None else allowed, "metric")
+    check_choice(metric, known_metrics() if allowed is None else allowed, "metric")
 
 
 def check_frame(frame: pd.DataFrame) -> None:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, aliased
 
 from service.config import SCALAR_METRICS
 from service.errors import InvalidInput, LimitExceeded
-from service.metric_names import metric_names
+from service.models import known_metrics
 from service.param_columns import config_columns
 from service.spec import swept_fields_of
 from service.store import codec
@@ -34,9 +34,9 @@ def check_metrics(metrics: str | list[str] | None) -> list[str]:
 
     Raises:
         InvalidInput: an unknown name, listing service.config.METRICS and the lab's registered
-            per-tap metrics (service.metric_names.metric_names).
+            per-tap metrics (service.models.known_metrics).
     """
-    known = metric_names()
+    known = known_metrics()
     if metrics is None:
         return list(known)
     names = [metrics] if isinstance(metrics, str) else list(metrics)
@@ -142,7 +142,7 @@ def check_sweep_has(
         have = {m for c, _ in configs for m in layer_metrics(c)} | set(SCALAR_METRICS)
         for m in metrics:
             if m not in have:
-                allowed = [x for x in metric_names() if x in have]
+                allowed = [x for x in known_metrics() if x in have]
                 raise InvalidInput(
                     f"sweep {sweep_id} does not record {m!r}", field="metric", allowed=allowed
                 )

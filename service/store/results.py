@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from service import jsonfmt
 from service.config import LAYER_METRICS, RECORD_KEYS, SCALAR_METRICS, SPECTRUM_KEYS
 from service.errors import Conflict, InvalidInput, NotFound
-from service.metric_names import is_layer_metric, metric_names
+from service.models import is_layer_metric, known_metrics
 from service.store import codec, spectra
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
 from service.store.upserts import CHUNK, upsert
@@ -33,7 +33,7 @@ def write_records(s: Session, batch: list[tuple[int, dict[str, Any]]]) -> None:
         latest[key] = record
     rows: list[dict[str, Any]] = []
     stale: list[dict[str, Any]] = []
-    known = metric_names()  # METRICS and the lab's per-tap metrics
+    known = known_metrics()  # METRICS and the lab's per-tap metrics
     artifacts: list[dict[str, Any]] = []
     arrays: list[dict[str, Any]] = []  # the spectra table's rows (service.store.spectra)
     for (tid, epoch), record in latest.items():
@@ -99,7 +99,7 @@ def _metric_rows(record: dict[str, Any], t: SqlTrial, epoch: int) -> list[dict[s
             raise InvalidInput(
                 "unknown metric",
                 field=f"record.{key}",
-                allowed=(*metric_names(), *RECORD_KEYS, *SPECTRUM_KEYS),
+                allowed=(*known_metrics(), *RECORD_KEYS, *SPECTRUM_KEYS),
             )
         rows.append(
             {"trial_id": t.id, "metric": key, "epoch": epoch, "n": len(data) // 8, "data": data}
