@@ -13,7 +13,11 @@ records, and the two configs hash equal; docs/api.md ("Fields without effect") l
 The field takes its default (`to` None) or the value `to` gives (record_every: the epochs).
 Registered models (docs/models.md) build their module from the whole config, so only the rules
 about training itself apply to them, the precision check's, and the family rule (the built-in
-families' own fields).
+families' own fields). The library families `timm` and `hf` are registered models whose
+factories (workers/models/timm_model.py, hf_model.py) read only the dataset (and hf depth and
+width) besides model_params, and the registered path (workers/models/registered.py) applies no
+isosweep initialization, norm or activation to the module they build: the fields of those are
+reset for them (`LIBRARY_UNREAD`).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.models import FAMILY_FIELDS, FAMILY_SPECIFIC
+from service.models import FAMILY_FIELDS, FAMILY_SPECIFIC, LIBRARY
 
 BUILTIN = frozenset(FAMILY_FIELDS)  # the built-in families: the engine builds every layer
+LIBRARY_FAMILIES = frozenset(LIBRARY)  # timm, hf: the library builds every layer
 ORTHOGONAL = ("orthogonal", "delta_orthogonal")  # the inits that read orthogonal_gain
 RUNNING_STATS = ("batch", "batch_scale")  # the norms with running statistics (eval_norm)
 
@@ -46,6 +51,32 @@ def _builtin(c: Any) -> bool:
 
 def _head_init(c: Any) -> str:
     return c.head_init or c.init
+
+
+def _library(c: Any) -> bool:
+    return c.model in LIBRARY_FAMILIES
+
+
+_ACTS = (
+    "the library's modules apply their own activations (timm's act_layer, hf's activation_function)"
+)
+_WEIGHTS = "the library draws every weight and bias itself (registered.py applies no init)"
+# The TrialConfig fields that neither library factory nor the registered path reads: (field,
+# why, the value it is reset to — None: its default).
+LIBRARY_UNREAD: tuple[tuple[str, str, Any], ...] = (
+    *((f, _ACTS, None) for f in ("activation", "activation_gain", "gain_exponent")),
+    ("norm", "the module's normalizations are the library's own; isosweep adds none", "none"),
+    ("norm_eps", "the library's normalizations keep their own ε", None),
+    *(
+        (f, _WEIGHTS, None)
+        for f in ("init", "init_gain", "orthogonal_gain", "head_init", "bias", "bias_init")
+    ),
+)
+
+
+def _library_rule(field: str, why: str, to: Any) -> NoEffect:
+    value = None if to is None else (lambda c: to)
+    return NoEffect(field, _library, f"model timm or hf: {why}", value)
 
 
 def _family_rule(name: str) -> NoEffect:
@@ -120,6 +151,12 @@ RULES: tuple[NoEffect, ...] = (
             "mlp_ratio 0: attention only, σ is never applied",
         )
         for f in ("activation", "activation_gain", "gain_exponent")
+    ),
+    *(_library_rule(*rule) for rule in LIBRARY_UNREAD),
+    NoEffect(
+        "width",
+        lambda c: c.model == "timm",
+        "model timm: the architecture and model_args set every width (hf's is its hidden size)",
     ),
 )
 

@@ -17,12 +17,25 @@ from service.config import TrialConfig, config_hash
 from service.field_effects import RULES
 from workers.train import fit
 
-pytestmark = pytest.mark.slow  # ~80 tiny trainings, about a minute on one thread
+pytestmark = pytest.mark.slow  # ~140 tiny trainings, about two minutes on one thread
 
 SMALL = {"depth": 2, "width": 8, "batch_size": 16, "epochs": 1, "max_train_samples": 64}
 TRANSFORMER = {**SMALL, "model": "transformer", "heads": 2, "mlp_ratio": 1}
 CNN = {**SMALL, "model": "cnn", "width": 4}
 RESMLP = {**SMALL, "model": "resmlp"}
+# the library families: ResNet-18's four stages at init (one training epoch where it says
+# EPOCH), a GPT-2 of 2 blocks of width 16, trained one epoch
+TIMM = {**SMALL, "model": "timm", "model_params": {"arch": "resnet18"}, "depth": 4, "epochs": 0}
+EPOCH = {"epochs": 1}
+HF = {**SMALL, "model": "hf", "model_params": {"config": "gpt2", "heads": 2}, "width": 16}
+EXTRAS = {"timm": "timm", "hf": "transformers"}
+LIBRARY_FIELDS = [
+    ("activation", "tanh"), ("activation_gain", 2.0), ("gain_exponent", 1.0), ("norm", "layer"),
+    ("norm_eps", 0.1), ("init", "orthogonal"), ("init_gain", 2.0), ("orthogonal_gain", False),
+    ("head_init", "orthogonal"), ("bias", True),
+]  # fmt: skip
+# bias_init torch is refused without bias true (before either is reset): the two written together
+WITH_BIAS = {"bias": True}
 
 # (rule's field, the base config (validated: the rule's condition holds), the other value)
 SAME: list[tuple[str, dict[str, Any], Any]] = [
@@ -75,6 +88,12 @@ SAME: list[tuple[str, dict[str, Any], Any]] = [
     ("gain_exponent", {**TRANSFORMER, "mlp_ratio": 0, "depth": 3}, 1.0),
     # the precision check of a network that already runs in float64
     ("precision_check", {**SMALL, "dtype": "float64"}, True),
+    # the library families: what neither their factories nor the registered path reads
+    *((f, {**TIMM, **(EPOCH if f == "init" else {})}, v) for f, v in LIBRARY_FIELDS),
+    ("bias_init", {**TIMM, **WITH_BIAS}, "torch"),
+    ("width", TIMM, 8),
+    *((f, HF, v) for f, v in LIBRARY_FIELDS),
+    ("bias_init", {**HF, **WITH_BIAS}, "torch"),
 ]
 
 # The same fields where the condition fails: the records must differ.
@@ -106,6 +125,16 @@ DIFFERENT: list[tuple[str, dict[str, Any], Any]] = [
     ("precision_check", {**SMALL}, True),
     # the per-tap metrics: no rule resets them (they add records in every config)
     ("tap_metrics", {**SMALL}, True),
+    # what the library families reset, where the engine builds the layers
+    ("activation", {**SMALL}, "tanh"),
+    ("norm", {**SMALL}, "layer"),
+    ("init", {**SMALL}, "orthogonal"),
+    ("bias", {**SMALL}, True),
+    ("bias_init", {**SMALL, "bias": True}, "torch"),
+    ("width", {**SMALL}, 16),
+    # what the library families read: hf its width, timm's BatchNorms the running statistics
+    ("width", HF, 32),
+    ("eval_norm", {**TIMM, **EPOCH}, "batch"),
 ]
 
 
@@ -132,6 +161,13 @@ def same_bits(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return True
 
 
+def _needs_extra(base: dict[str, Any]) -> None:
+    """A library family's case is skipped where its extra is not installed."""
+    package = EXTRAS.get(base.get("model", ""))
+    if package:
+        pytest.importorskip(package)
+
+
 def _pair(field: str, base: dict[str, Any], other: Any) -> tuple[TrialConfig, TrialConfig]:
     config = TrialConfig(**base)
     changed = TrialConfig.model_construct(**{**config.__dict__, field: other})
@@ -141,13 +177,16 @@ def _pair(field: str, base: dict[str, Any], other: Any) -> tuple[TrialConfig, Tr
 
 def _id(case: tuple[str, dict[str, Any], Any]) -> str:
     field, base, other = case
-    shown = ",".join(f"{k}={v}" for k, v in base.items() if SMALL.get(k) != v)
+    shown = ",".join(
+        f"{k}={v}" for k, v in base.items() if SMALL.get(k) != v and k != "model_params"
+    )
     return f"{field}={other}|{shown}"
 
 
 @pytest.mark.parametrize("case", SAME, ids=[_id(c) for c in SAME])
 def test_a_reset_field_changes_nothing_and_hashes_equal(case):
     field, base, other = case
+    _needs_extra(base)
     config, changed = _pair(field, base, other)
     assert same_bits(records(config), records(changed))
     validated = TrialConfig(**{**base, field: other})
@@ -158,6 +197,7 @@ def test_a_reset_field_changes_nothing_and_hashes_equal(case):
 @pytest.mark.parametrize("case", DIFFERENT, ids=[_id(c) for c in DIFFERENT])
 def test_the_same_field_where_it_acts_changes_the_records_and_the_hash(case):
     field, base, other = case
+    _needs_extra(base)
     config, changed = _pair(field, base, other)
     assert not same_bits(records(config), records(changed))
     assert config_hash(TrialConfig(**{**base, field: other})) != config_hash(config)
@@ -166,6 +206,8 @@ def test_the_same_field_where_it_acts_changes_the_records_and_the_hash(case):
 def test_every_rule_is_checked_by_construction():
     """Each rule has a case whose changed config (built without the reset) meets its
     condition: the rule is what made the two hash equal."""
+    for package in EXTRAS.values():
+        pytest.importorskip(package)
     for rule in RULES:
         pairs = [_pair(field, base, other) for field, base, other in SAME if field == rule.field]
         assert any(rule.when(changed) for _, changed in pairs), f"{rule.field}: {rule.why}"
