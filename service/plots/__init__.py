@@ -16,7 +16,7 @@ figure is built, so importing this package costs the API nothing at start-up.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import pandas as pd
 
@@ -59,7 +59,9 @@ __all__ = [
     "SEARCH_PLOT_KINDS",
     "Grid",
     "Lines",
+    "PlotArgs",
     "Pooling",
+    "PoolingArgs",
     "build_figure",
     "depth_scaling_series",
     "field_label",
@@ -106,24 +108,35 @@ PLOT_PARAMETERS: dict[str, frozenset[str]] = {
 }
 
 
+class PoolingArgs(TypedDict, total=False):
+    """How seeds are pooled and axes scaled: PLOT_OPTIONS (None or absent: the field's default,
+    service.plots.defaults.default_pooling)."""
+
+    stat: str | None
+    band: str | None
+    nonfinite: str | None
+    xscale: str | None
+    yscale: str | None
+
+
+class PlotArgs(PoolingArgs, total=False):
+    """The optional arguments of every kind (PLOT_PARAMETERS: which kind takes which)."""
+
+    x: str | None
+    group_by: str | None
+    epoch: int | None
+    layer: int | None
+    title: str | None
+    theory: dict | None
+
+
+_GIVEN = ("x", "group_by", "epoch", "layer", "theory")  # what a builder takes as it is given
+
+
 def render(
-    kind: str,
-    frame: pd.DataFrame,
-    *,
-    metric: str | list[str],
-    fmt: str = "png",
-    x: str | None = None,
-    group_by: str | None = None,
-    epoch: int | None = None,
-    layer: int | None = None,
-    title: str | None = None,
-    theory: dict | None = None,
-    stat: str | None = None,
-    band: str | None = None,
-    nonfinite: str | None = None,
-    xscale: str | None = None,
-    yscale: str | None = None,
-) -> bytes:
+    kind: str, frame: pd.DataFrame, *, metric: str | list[str], fmt: str = "png",
+    **args: Unpack[PlotArgs],
+) -> bytes:  # fmt: skip
     """Draw one plot of a tidy frame and return it as PNG or SVG bytes, or its chart as JSON
     (fmt "json": service.plots.charts, the same numbers and texts).
 
@@ -139,46 +152,25 @@ def render(
             `field` names it and the message lists the allowed values.
     """
     check_choice(fmt, FORMATS, "format")
-    args: dict[str, Any] = dict(
-        metric=metric, x=x, group_by=group_by, epoch=epoch, layer=layer, title=title,
-        theory=theory, stat=stat, band=band, nonfinite=nonfinite, xscale=xscale, yscale=yscale,
-    )  # fmt: skip
     if fmt == "json":
         from service.plots.charts import CHART_BUILDERS, chart_bytes, no_data
 
-        return chart_bytes(kind, build_with(CHART_BUILDERS, no_data, kind, frame, **args))
-    fig = build_figure(kind, frame, **args)
+        chart = build_with(CHART_BUILDERS, no_data, kind, frame, metric=metric, **args)
+        return chart_bytes(kind, chart)
+    fig = build_figure(kind, frame, metric=metric, **args)
     from service.plots.draw import to_bytes
 
     return to_bytes(fig, fmt)
 
 
 def build_figure(
-    kind: str,
-    frame: pd.DataFrame,
-    *,
-    metric: str | list[str],
-    x: str | None = None,
-    group_by: str | None = None,
-    epoch: int | None = None,
-    layer: int | None = None,
-    title: str | None = None,
-    theory: dict | None = None,
-    stat: str | None = None,
-    band: str | None = None,
-    nonfinite: str | None = None,
-    xscale: str | None = None,
-    yscale: str | None = None,
+    kind: str, frame: pd.DataFrame, *, metric: str | list[str], **args: Unpack[PlotArgs]
 ) -> Figure:
     """The matplotlib Figure that `render` saves (same arguments, no format)."""
     from service.plots import draw
     from service.plots.kinds import BUILDERS
 
-    return build_with(
-        BUILDERS, draw.no_data, kind, frame, metric=metric, x=x, group_by=group_by, epoch=epoch,
-        layer=layer, title=title, theory=theory, stat=stat, band=band, nonfinite=nonfinite,
-        xscale=xscale, yscale=yscale,
-    )  # fmt: skip
+    return build_with(BUILDERS, draw.no_data, kind, frame, metric=metric, **args)
 
 
 def build_with(
@@ -188,26 +180,17 @@ def build_with(
     frame: pd.DataFrame,
     *,
     metric: str | list[str],
-    x: str | None = None,
-    group_by: str | None = None,
-    epoch: int | None = None,
-    layer: int | None = None,
-    title: str | None = None,
-    theory: dict | None = None,
-    stat: str | None = None,
-    band: str | None = None,
-    nonfinite: str | None = None,
-    xscale: str | None = None,
-    yscale: str | None = None,
+    **args: Unpack[PlotArgs],
 ) -> Any:
     """The checks and defaults of every kind, then `builders[kind]` (a figure's, or a chart's:
     service.plots.charts), or `no_data(heading, reason)` for an empty frame: one path, so a
     figure and its JSON refuse the same requests with the same message."""
+    for name in args.keys() - PlotArgs.__annotations__.keys():  # as a signature would
+        raise TypeError(f"build_with() got an unexpected keyword argument {name!r}")
     check_choice(kind, PLOT_KINDS, "kind")
     metrics = _metrics(kind, metric)
-    given = {"x": x, "group_by": group_by, "epoch": epoch, "layer": layer, "theory": theory}
-    options = {"stat": stat, "band": band, "nonfinite": nonfinite, "xscale": xscale,
-               "yscale": yscale}  # fmt: skip
+    given: dict[str, Any] = {name: args.get(name) for name in _GIVEN}
+    options: dict[str, Any] = {name: args.get(name) for name in PLOT_OPTIONS}
     for name, value in {**given, **options}.items():
         if value is not None and name not in PLOT_PARAMETERS[kind]:
             msg = f"{kind} does not take this parameter"
@@ -215,16 +198,19 @@ def build_with(
     for name, value in options.items():
         if value is not None:
             check_choice(value, PLOT_OPTIONS[name], name)
+    x, group_by, title = given["x"], given["group_by"], args.get("title")
     defaults = default_pooling(kind, metrics[0], x, group_by)
-    pooling = Pooling.of(stat or defaults["stat"], band, nonfinite or "propagate")
+    pooling = Pooling.of(
+        options["stat"] or defaults["stat"], options["band"], options["nonfinite"] or "propagate"
+    )
     field_log = field_default(kind, metrics[0], x, group_by)
     if frame.empty:
         return no_data(title or f"{kind}: {', '.join(metrics)}", "the frame is empty")
     check_frame(frame)
     first = metrics if kind == "training_curves" else metrics[0]
     return builders[kind](
-        frame, first, **given, title=title, pooling=pooling, xscale=xscale, yscale=yscale,
-        field_log=field_log,
+        frame, first, **given, title=title, pooling=pooling, xscale=options["xscale"],
+        yscale=options["yscale"], field_log=field_log,
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import pandas as pd
 
@@ -33,7 +33,7 @@ from service.config import CONFIG_FIELDS, TrialConfig
 from service.errors import InvalidInput
 from service.param_columns import FIELD as PARAMS
 from service.param_columns import config_columns, param_of
-from service.plots import FORMATS, render
+from service.plots import FORMATS, PoolingArgs, render
 from service.plots.defaults import default_metric_of
 from service.plots.select import check_choice, fmt_value
 from service.plots.stored import EpochArg, epochs_to_read, layers_to_read
@@ -233,11 +233,7 @@ def make_compare_plot(
     epoch: EpochArg = None,
     layer: int | None = None,
     where: dict[str, Any] | None = None,
-    stat: str | None = None,
-    band: str | None = None,
-    nonfinite: str | None = None,
-    xscale: str | None = None,
-    yscale: str | None = None,
+    **options: Unpack[PoolingArgs],
 ) -> bytes:
     """One figure of several sweeps as PNG or SVG bytes: `kind` one of COMPARE_KINDS, one line
     per sweep (group_by default `sweep`) and per value of what varies within it.
@@ -247,7 +243,7 @@ def make_compare_plot(
         epoch: a recorded epoch, "last" (the latest recorded) or None (the kind's default);
             a layer_profile's default and "last" are each sweep's own last recorded epoch.
         where: config filters, applied to every sweep.
-        stat, band, nonfinite, xscale, yscale: as service.plots.render.
+        options: stat, band, nonfinite, xscale, yscale, as service.plots.render.
 
     Raises:
         InvalidInput: a kind that is not a line kind (field `kind`), as compare_frame and as
@@ -290,6 +286,5 @@ def make_compare_plot(
     title += ": sweeps " + ", ".join(str(s) for s in ids) + ends
     return render(
         kind, frame, metric=shown, fmt=fmt, x=x, group_by=group_by, epoch=at,  # type: ignore[arg-type]
-        layer=layer, title=title, stat=stat, band=band, nonfinite=nonfinite, xscale=xscale,
-        yscale=yscale,
+        layer=layer, title=title, **options,
     )  # fmt: skip

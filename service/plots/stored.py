@@ -15,7 +15,7 @@ theorem of Joudaki et al. 2023, Thm 5.1). docs/science.md derives the theory.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,7 @@ from service.plots import (
     FORMATS,
     GAP_METRICS,
     PLOT_KINDS,
+    PoolingArgs,
     heatmap_axes,
     render,
 )
@@ -63,11 +64,7 @@ def make_plot(
     layer: int | None = None,
     trial_id: int | None = None,
     where: dict[str, Any] | None = None,
-    stat: str | None = None,
-    band: str | None = None,
-    nonfinite: str | None = None,
-    xscale: str | None = None,
-    yscale: str | None = None,
+    **options: Unpack[PoolingArgs],
 ) -> bytes:
     """One plot of a stored sweep as PNG or SVG bytes (docs/plots.md for the kinds).
 
@@ -77,7 +74,7 @@ def make_plot(
         epoch: a recorded epoch, "last" (the latest recorded), or None (the kind's default).
         trial_id: draw only this trial of the sweep (the per-trial views).
         where: config filters, as Store.read_metrics takes them.
-        stat, band, nonfinite, xscale, yscale: how seeds are pooled and axes scaled
+        options: stat, band, nonfinite, xscale, yscale — how seeds are pooled and axes scaled
             (service.plots.PLOT_OPTIONS; None: the field's default, as service.plots.render).
 
     Raises:
@@ -111,6 +108,7 @@ def make_plot(
         epoch=epochs_to_read(kind, epoch, x, group_by),
         layers=layers_to_read(kind, layer, x, group_by, depths),
         where=where,
+        trial=trial_id,  # by id too: trials that differ only in a document parameter
     )
     # a derived or linked field follows the fields it is tied to: it draws no line of its own
     tied = determined_fields(spec, keep=(x, group_by))
@@ -124,22 +122,9 @@ def make_plot(
             store, frame, metrics[0], x=x, group_by=group_by, epoch=at, layer=layer
         )
     return render(
-        kind,
-        frame,
-        metric=metrics if len(metrics) > 1 else metrics[0],
-        fmt=fmt,
-        x=x,
-        group_by=group_by,
-        epoch=at,
-        layer=layer,
-        title=title,
-        theory=theory,
-        stat=stat,
-        band=band,
-        nonfinite=nonfinite,
-        xscale=xscale,
-        yscale=yscale,
-    )
+        kind, frame, metric=metrics if len(metrics) > 1 else metrics[0], fmt=fmt, x=x,
+        group_by=group_by, epoch=at, layer=layer, title=title, theory=theory, **options,
+    )  # fmt: skip
 
 
 def error_bars_to_read(kind: str, metrics: list[str]) -> list[str]:
