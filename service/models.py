@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_origin
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
@@ -348,7 +348,17 @@ def validate_param(name: str, value: Any, *, where: str) -> Any:
             allowed=known if known else None,
             given=column_of(name),
         )
-    _, info = fields[name]
+    model, info = fields[name]
+    kind = get_origin(info.annotation) or info.annotation
+    if kind in (dict, list):
+        raise InvalidInput(
+            f"model parameter {column_of(name)!r} of model {model!r} is a document (a "
+            f"{getattr(kind, '__name__', kind)}), and a filter "
+            "compares one value "
+            "of a scalar parameter; filter by another parameter, or select one trial by its id "
+            "(`trial` on the metrics and plot routes)",
+            field=where,
+        )
     adapter: TypeAdapter = TypeAdapter(Annotated[info.annotation, info])  # type: ignore[arg-type]
     try:
         out = adapter.dump_python(adapter.validate_python(value), mode="json")

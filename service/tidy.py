@@ -54,6 +54,9 @@ def aggregate_over_seeds(frame: pd.DataFrame, stat: str = "mean") -> pd.DataFram
         std = np.where(n > 1, np.sqrt(var), np.nan)
         t = np.where(n > 1, stdtrit(np.maximum(n - 1, 1), 0.975), np.nan)
     out = groups.size().reset_index()[keys]
+    for k in keys:  # a missing key (a parameter another model lacks) stays None, not NaN
+        if frame[k].dtype == object:
+            out[k] = out[k].astype(object).where(out[k].notna(), None)
     out["mean"], out["std"], out["ci95"], out["count"] = mean, std, t * std / np.sqrt(n), n
     out["n_finite"] = np.bincount(g, weights=np.isfinite(v)).astype("int64")
     if stat == "median":

@@ -294,7 +294,6 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
     trial = store.get_trial(parse_id(trial_id, "trial"))
     sweep = store.get_sweep(trial.sweep_id)
     swept = v.axes(sweep.spec)
-    own = v.own_point(sweep.spec, trial.config)  # its point of the sweep: selects it alone
     recorded = recorded_layer_metrics(trial.config)
     plots = [
         {
@@ -323,7 +322,7 @@ def trial_page(request: Request, trial_id: str) -> HTMLResponse:
             )
             for m in recorded
         ],
-        csv=v.url(f"{v.API}/sweeps/{sweep.id}/metrics", {**own, "format": "csv"}),
+        csv=v.url(f"{v.API}/sweeps/{sweep.id}/metrics", {"trial": trial.id, "format": "csv"}),
         active=trial.status in v.ACTIVE,
     )
 

@@ -143,20 +143,6 @@ def filter_axes(spec: Mapping[str, Any]) -> dict[str, list[Any]]:
     return out
 
 
-def own_point(spec: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's values of the sweep's filter_axes, as the API's config filters take them (a
-    model_params axis as its `model_params.<name>` values, service.param_columns; booleans as
-    true/false): the filter that selects the trial's own point of the sweep."""
-    out: dict[str, Any] = {}
-    params = config.get(PARAMS) or {}
-    for name in filter_axes(spec):
-        key = param_of(name)
-        value = params.get(key) if key is not None else config.get(name)
-        if value is not None:
-            out[name] = text_of(value)
-    return out
-
-
 def trial_fields(spec: Mapping[str, Any]) -> list[str]:
     """The trials table's config columns: every field the sweep varies, in the spec's order —
     its grid axes and its sampled (random, Sobol, TPE) parameters — then `seed`."""

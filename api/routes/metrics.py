@@ -74,6 +74,9 @@ async def read_metrics(
     layer: Annotated[list[Layer] | None, Query(description="layers ℓ ≥ 1 (repeatable)")] = None,
     aggregate: Annotated[bool, Query(description="pool seeds: mean, std, ci95, count")] = False,
     stat: PooledStat = "mean",
+    trial: Annotated[
+        int | None, Query(ge=1, le=INT32_MAX, description="this trial of the sweep only")
+    ] = None,
     format: Annotated[
         Literal["json", "csv", "parquet"], Query(description="json, csv or parquet")
     ] = "json",
@@ -91,7 +94,8 @@ async def read_metrics(
     if format == "json":
         limit = _json_limit(limit)
     version = sweep_version(await run_in_threadpool(store.get_sweep, sweep_id))
-    asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate, stat)
+    asked = (tuple(metric or ()), str(epochs), tuple(layer or ()), frozen(filters), aggregate, stat,
+             trial)  # fmt: skip
     key = ("metrics", sweep_id, version, asked)  # one store (and one cache) per app
 
     def read() -> pd.DataFrame:
@@ -104,6 +108,7 @@ async def read_metrics(
                 where=filters,
                 aggregate=aggregate,
                 stat=stat,
+                trial=trial,
             )
         except LimitExceeded as exc:
             raise _narrow(exc) from None

@@ -16,7 +16,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, aliased
 
 from service.config import SCALAR_METRICS
-from service.errors import InvalidInput, LimitExceeded
+from service.errors import InvalidInput, LimitExceeded, NotFound
 from service.models import known_metrics
 from service.param_columns import config_columns
 from service.spec import swept_fields_of
@@ -75,6 +75,7 @@ def read_metrics(
     aggregate: bool,
     max_points: int,
     stat: str = "mean",
+    trial: int | None = None,
 ) -> pd.DataFrame:
     check_stat(stat, aggregate)
     sweep = get_sweep_row(s, sweep_id)
@@ -84,6 +85,8 @@ def read_metrics(
     layer_list = None if layers is None else _check_ints(layers, "layers", 1)
     check_sweep_has(s, sweep_id, None if metrics is None else names, epochs, layer_list)
     conds = where_conditions(where, free_params(sweep.spec))
+    if trial is not None:
+        conds.append(SqlTrial.id == _trial_of(s, sweep_id, trial))
     source = func.coalesce(SqlTrial.results_from, SqlTrial.id)
     trials = s.execute(
         select(SqlTrial.id, source, *(getattr(SqlTrial, f) for f in fields))
@@ -100,6 +103,20 @@ def read_metrics(
     ).all()
     frame = _tidy(rows, trials, fields, layer_list)
     return aggregate_over_seeds(frame, stat) if aggregate else frame
+
+
+def _trial_of(s: Session, sweep_id: int, trial_id: int) -> int:
+    """`trial_id`, once known to be a trial of the sweep.
+
+    Raises:
+        NotFound: no such trial, or one of another sweep (naming it).
+    """
+    owner = s.scalar(select(SqlTrial.sweep_id).where(SqlTrial.id == trial_id))
+    if owner is None:
+        raise NotFound(f"no trial {trial_id}")
+    if owner != sweep_id:
+        raise NotFound(f"trial {trial_id} belongs to sweep {owner}, not to sweep {sweep_id}")
+    return trial_id
 
 
 def check_sweep_has(

@@ -93,7 +93,7 @@ class Store:
         """One sweep with its trial counts by status, progress and ETA.
 
         Raises:
-            NotFound: no sweep has this id.
+            NotFound: no sweep has this id; `trial` is not one of its trials.
         """
         with self._read() as s:
             return sweeps.sweep_infos(s, [sweeps.get_sweep_row(s, sweep_id)])[0]
@@ -379,6 +379,7 @@ class Store:
         where: dict[str, Any] | None = None,
         aggregate: bool = False,
         stat: str = "mean",
+        trial: int | None = None,
         max_points: int | None = None,
     ) -> pd.DataFrame:
         """The tidy frame (docs/architecture.md): trial_id, the sweep's swept fields, epoch,
@@ -391,6 +392,8 @@ class Store:
             where: config filters, as in list_trials.
             aggregate: pool seeds with service.tidy.aggregate_over_seeds.
             stat: with aggregate, "geomean" or "median" adds that column (service.tidy.STATS).
+            trial: this trial of the sweep only (by id: trials that differ only in a document
+                parameter, or in nothing a filter can name, are told apart).
             max_points: the most values the query may return (default settings.max_points).
 
         Raises:
@@ -410,6 +413,7 @@ class Store:
                 where=where,
                 aggregate=aggregate,
                 stat=stat,
+                trial=trial,
                 max_points=bound,
             )
 
