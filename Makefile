@@ -22,11 +22,16 @@ browser:
 run: $(STAMP)  ## the service on SQLite + local Ray, with a demo sweep; prints the dashboard URL
 	$(VENV)/bin/isosweep serve --demo
 
+# pytest-xdist: one module a worker at a time (module fixtures built once), longest first
+# (tests/conftest.py); PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
 test: lint browser  ## lint and types, then the whole suite
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 test-fast: $(STAMP)  ## seconds: no training runs, no Ray, no browser
-	$(PY) -m pytest -m "not slow and not ray and not browser"
+	$(PY) -m pytest $(XDIST) -m "not slow and not ray and not browser"
 
 lint: $(STAMP)  ## ruff (lint and format) on everything, mypy on service/ and api/
 	$(VENV)/bin/ruff check .

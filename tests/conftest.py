@@ -30,13 +30,58 @@ def _postgres_run(item) -> bool:
     return callspec is not None and callspec.params.get("database_url") == "postgres"
 
 
+# The modules that take longest, longest first: with pytest-xdist's loadscope (`make test`: each
+# module runs whole on one worker) they start first, so that none of them is the run's tail.
+LONGEST_FIRST = (
+    "test_surface.py",
+    "test_fuzz.py",
+    "test_serve.py",
+    "test_cluster.py",
+    "test_monitor.py",
+    "test_multinode.py",
+    "test_client.py",
+    "test_lazy_sweep.py",
+    "test_runner.py",
+    "test_driver.py",
+    "test_predict_vs_engine.py",
+    "test_packed_runner.py",
+    "test_lease.py",
+    "test_search_runner.py",
+    "test_halving_sync.py",
+    "test_cli_theory_trial.py",
+)
+
+
+def _rank(item) -> int:
+    name = item.path.name
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Drop the Postgres run of `sqlite_only` tests at collection: not run, not reported."""
+    """Drop the Postgres run of `sqlite_only` tests at collection: not run, not reported; then
+    the longest modules first (a stable sort: the others keep their order)."""
     dropped = [i for i in items if i.get_closest_marker("sqlite_only") and _postgres_run(i)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         gone = set(dropped)
         items[:] = [i for i in items if i not in gone]
+    items.sort(key=_rank)
+    _sweep_by_sweep(items)
+
+
+def _sweep_by_sweep(items) -> None:
+    """test_surface.py's cells sweep by sweep, in the order the sweeps run (each cell waits for
+    its sweep to end: the reads of the first sweeps go on while the runner runs the next), then
+    its tests of every sweep at once; in place, the other tests where they were."""
+    ours = [i for i in items if i.path.name == "test_surface.py"]
+
+    def sweep(item) -> str | None:
+        spec = getattr(item, "callspec", None)
+        return spec.params.get("name") if spec is not None else None
+
+    names = list(dict.fromkeys(n for i in ours if (n := sweep(i)) is not None))
+    ordered = iter(sorted(ours, key=lambda i: names.index(n) if (n := sweep(i)) else len(names)))
+    items[:] = [next(ordered) if i.path.name == "test_surface.py" else i for i in items]
 
 
 def _postgres_admin():

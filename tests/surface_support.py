@@ -179,7 +179,7 @@ def serve_env() -> dict[str, str]:
 LIMITS = {
     "ISOSWEEP_MAX_TRIALS_PER_SWEEP": "64",
     "ISOSWEEP_MAX_DEPTH": "8",
-    "ISOSWEEP_MAX_WIDTH": "64",
+    "ISOSWEEP_MAX_WIDTH": "100",  # TrialConfig's default (timm reads no width: it keeps it)
     "ISOSWEEP_MAX_BATCH_SIZE": "64",
     "ISOSWEEP_MAX_EPOCHS": "2",
 }
@@ -245,6 +245,10 @@ class Surface:
     submitted: dict[str, dict[str, Any]] = field(default_factory=dict)  # the 201 answers
     polled_errors: dict[str, list[str]] = field(default_factory=dict)  # 5xx while waiting
     live_events: list[tuple[str, Any]] = field(default_factory=list)
+    ended: set[str] = field(default_factory=set)  # the sweeps seen finished
+    deadline: float = float("inf")  # monotonic time by which every sweep must have ended
+    listener: Any = None  # the thread following the first sweep's events
+    links: set[str] = field(default_factory=set)  # the dashboard's API links checked so far
 
     @property
     def url(self) -> str:
@@ -289,7 +293,11 @@ def refusal_says_why(r: httpx.Response) -> bool:
         error = r.json()["error"]
     except (ValueError, KeyError, TypeError):
         return False
-    return error.get("type") in ("invalid_input", "limit_exceeded") and len(error["message"]) > 10
+    return (
+        error.get("type") in ("invalid_input", "limit_exceeded")
+        and bool(error.get("field"))
+        and len(error["message"]) > 10
+    )
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
