@@ -54,6 +54,9 @@ def test_a_gpt2_trial_records_the_trial_layout_with_token_metrics():
     for r in records:
         for key in layer_metrics(config):
             assert r[key].shape == (3,), key
+            if key == "update_ratio" and r["epoch"] == 0:  # no earlier record: NaN by design
+                assert np.isnan(r[key]).all(), key
+                continue
             assert np.isfinite(r[key]).all(), key
         assert r["token_cosine"].min() > 0 and r["token_cosine"].max() < 1
 
