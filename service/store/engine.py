@@ -20,13 +20,14 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from service.errors import IsosweepError, StorageError
+from service.store.models import Base
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -153,11 +154,16 @@ def _reason(exc: SQLAlchemyError) -> str:
     return str(orig if orig is not None else exc).strip().splitlines()[0]
 
 
-def migrate(engine: Engine) -> None:
+def migrate(engine: Engine, *, replay: bool = False) -> None:
     """Bring the schema to the newest Alembic revision, in one transaction.
 
-    Safe when several processes start at once: Postgres serializes them on an advisory lock,
-    SQLite on its write lock (BEGIN IMMEDIATE); the later ones find the schema at head.
+    An empty database (no table at all) gets the newest schema at once — the models' tables
+    created, then stamped at head — rather than every revision replayed in turn (on SQLite each
+    column change rebuilds its table: ~0.5 s of a new store's ~0.6 s). The two are the same
+    schema: tests/service/test_store.py replays the revisions (`replay`) and compares them with
+    the models. Safe when several processes start at once: Postgres serializes them on an
+    advisory lock, SQLite on its write lock (BEGIN IMMEDIATE); the later ones find the schema
+    at head.
 
     Raises:
         StorageError: the database is unreachable or a migration failed (rolled back).
@@ -169,6 +175,10 @@ def migrate(engine: Engine) -> None:
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
             cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "head")
+            if not replay and not inspect(conn).get_table_names():
+                Base.metadata.create_all(conn)
+                command.stamp(cfg, "head")
+            else:
+                command.upgrade(cfg, "head")
     except SQLAlchemyError as exc:
         raise StorageError(f"cannot migrate the database: {_reason(exc)}") from exc

@@ -138,8 +138,9 @@ class SqlTrial(Base):
 def config_column(name: str) -> Column:
     """The trials column of TrialConfig field `name`, from its type: int → Integer, float →
     Float, bool → Boolean, a Literal of names (or str) → String(32), a dict → JSON; nullable
-    when the field may be None. (Server defaults for rows older than a field live in its
-    migration.)"""
+    when the field may be None. No server default: the store writes every column, and a
+    migration that adds one backfills the older rows (revision 0009 dropped the defaults that
+    did it, so a migrated schema is this one)."""
     annotation, nullable = TrialConfig.model_fields[name].annotation, False
     if get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation):
         (annotation,) = (a for a in get_args(annotation) if a is not type(None))

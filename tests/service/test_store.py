@@ -8,14 +8,16 @@ from typing import get_args
 
 import pytest
 from alembic.autogenerate import compare_metadata
+from alembic.config import Config
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from service.config import CONFIG_FIELDS, TrialConfig
 from service.errors import Conflict, InvalidInput, LimitExceeded, NotFound, StorageError
 from service.settings import Settings
 from service.spec import parse_spec
 from service.store import Store
+from service.store.engine import migrate
 from service.store.models import TRIAL_STATUSES, Base, SqlTrial
 
 
@@ -47,13 +49,35 @@ def _run(store, trial, status="completed"):
 # --- schema ----------------------------------------------------------------------------------
 
 
-def test_migrations_match_the_models(store):
-    with store.engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"compare_type": True})
-        assert compare_metadata(ctx, Base.metadata) == []
-        assert {"sweeps", "trials", "metrics", "artifacts", "alembic_version"} <= set(
-            inspect(conn).get_table_names()
-        )
+def test_migrations_match_the_models(database_url):
+    """Every revision replayed from an empty database gives the models' schema — which is what
+    a new store creates at once (service.store.engine.migrate) — types and server defaults
+    included."""
+    store = Store(database_url, migrate=False)
+    try:
+        migrate(store.engine, replay=True)
+        with store.engine.connect() as conn:
+            opts = {"compare_type": True, "compare_server_default": True}
+            ctx = MigrationContext.configure(conn, opts=opts)
+            assert compare_metadata(ctx, Base.metadata) == []
+            assert {"sweeps", "trials", "metrics", "artifacts", "alembic_version"} <= set(
+                inspect(conn).get_table_names()
+            )
+    finally:
+        store.close()
+
+
+def test_a_new_store_is_at_the_newest_revision(database_url):
+    """The schema created at once is stamped at head: a later migration starts from there."""
+    from alembic.script import ScriptDirectory
+
+    from service.store.engine import MIGRATIONS
+
+    with Store(database_url) as store, store.engine.connect() as conn:
+        (stamped,) = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    assert stamped == ScriptDirectory.from_config(config).get_current_head()
 
 
 def test_every_config_field_has_a_trial_column():
