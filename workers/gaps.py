@@ -1,5 +1,6 @@
-"""The isometry gaps of stacks of representations, in float64 from a factor, never a formed Gram
-(the numerical core that workers/metrics.py and workers/token_metrics.py both use).
+"""The isometry gaps of stacks of representations, in float64 from a factor (the numerical core
+that workers/metrics.py and workers/token_metrics.py both use; the factorizations and their
+error bounds are workers/factors.py's).
 
 The isometry of an n × n Gram matrix G with eigenvalues λ₁..λₙ (Joudaki et al. 2023, Eq. 3) is
 I(G) = det(G)^(1/n) / (tr(G)/n); its gap is −log I(G) = log(mean λ) − mean(log λ) ∈ [0, ∞]. The
@@ -7,28 +8,56 @@ definition — including when it is +∞ — is `service.isometry`'s; this modul
 formula batched in torch (CPU or CUDA), and the tests hold it to that module on the same inputs.
 Whether a Gram is singular comes from its `Structure` (workers/structure.py), not from rounding.
 
-How (`range_gaps`): no Gram is formed. log det G comes from a float64 factor of M: the LU
-PM = LU of a square M (G = MMᵀ, log det G = 2Σ log|U_ii|, (2/3)n³ flops) or the Householder QR
-of Mᵀ otherwise (G = RᵀR, (4/3)n³ at n = d), so gap = log(‖M‖²_F/n) − (1/n) log det G,
-accurate to ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of a formed G would be ~ ε₆₄·κ(G), and eigvalsh
-worse). A batch-centred square H (1 in the null space, rank n − 1) goes through one LU of the
-bordered H + 1wᵀ (`_centred_square_gaps`). An inverse-iteration step through the factor
+How (`range_gaps`): a regular Gram is never formed. log det G comes from a float64 factor of M:
+the LU PM = LU of a square M (G = MMᵀ, log det G = 2Σ log|U_ii|, (2/3)n³ flops) or the
+Householder QR of Mᵀ otherwise (G = RᵀR, (4/3)n³ at n = d), so gap = log(‖M‖²_F/n) − (1/n)
+log det G, accurate to ~ ε₆₄·κ(M) = ε₆₄·√κ(G) (Cholesky of a formed G would be ~ ε₆₄·κ(G), and
+eigvalsh worse). A batch-centred square H (1 in the null space, rank n − 1) goes through one LU
+of the bordered H + 1wᵀ (`_centred_square_gaps`). An inverse-iteration step through the factor
 estimates κ(G); the few beyond KAPPA_MAX go to the float64 singular values σ of M instead
-(λ = σ²), as do range gaps of fewer eigenvalues than the smaller side. All of it is batched
-over layers, one call per distinct (structure, shape) and cache-sized chunk (CPU_CHUNK_ENTRIES).
+(λ = σ²). Range gaps of fewer eigenvalues than the smaller side (a rank-deficient tap) take the
+top eigenvalues of the formed Gram where the tap's own rounding dominates what forming it
+loses (float32 taps), the SVD elsewhere (`gram_eigh_gaps_and_errors`). All of it is batched over
+layers, one call per distinct (structure, shape) — rank-deficient taps per shape, whatever
+their ranks — and cache-sized chunk (CPU_CHUNK_ENTRIES).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from workers.factors import (
+    EPS64,
+    F64,
+    KAPPA_MAX,
+    KAPPA_UNRESOLVED,
+    _factor_errors,
+    _lambda_min_estimate,
+    _lu_log_det,
+    _qr_log_det,
+    _start_vectors,
+    _svd_gaps_and_errors,
+    error_scale,
+    gaps_from_eigenvalues,
+    gram_eigh_gaps_and_errors,
+)
 from workers.structure import Structure
+
+__all__ = [  # the factors' names that workers/metrics.py and the tests read from here
+    "EPS64",
+    "KAPPA_MAX",
+    "KAPPA_UNRESOLVED",
+    "_factor_errors",
+    "_lambda_min_estimate",
+    "_start_vectors",
+    "error_scale",
+    "gaps_from_eigenvalues",
+]
 
 # Matrices of one batched float64 call hold at most this many entries (≈ 128 MiB): a huge batch
 # cannot take the machine's memory.
@@ -37,41 +66,6 @@ MAX_GRAM_ENTRIES = 1 << 24
 # stays in cache and in the allocator's reused memory runs ~1.7× faster than one large one
 # (each fresh allocation of tens of MiB is page-faulted in anew; bench/overhead.py).
 CPU_CHUNK_ENTRIES = 1 << 18
-F64 = torch.float64
-# The LU/QR gap is used where κ̂ = mean(λ)/λ̂_min ≤ KAPPA_MAX (`_lambda_min_estimate`: one
-# inverse-iteration step from two start vectors, which undershoots κ by up to 1.7e4 on the 2160
-# Grams below); above, the float64 SVD of M decides. Measured against the SVD gap on float32
-# networks at n = d = 100 and 128 (tanh/BatchNorm, identity/batch_scale, ReLU with and without
-# BatchNorm, tanh/layer_scale, Gaussian weights, depth 30; 2160 Grams): LU and QR alike within
-# 3e-15 for κ < 1e8, 2e-13 below 1e12, 7e-10 below 1e20, 3.2e-9 up to 1e24, 9e-9 (LU; QR
-# 3.7e-8) beyond — so 1e20 keeps a margin of > 300 under the 1e-6 that the tests ask even where
-# κ̂ undershoots most. The bordered LU of centred H (720 BatchNorm outputs, n = 64..128): within
-# 1e-9 of the SVD of QᵀH down to λ_min/λ_max = 1e-24.
-KAPPA_MAX = 1e20
-# σ_min/σ_max below ~max(n, d)·ε₆₄ (λ ratio ~1e-27 at n = d = 128) is below the float64 SVD's own
-# resolution: there neither it nor LU/QR measures λ_min, and the factor's cheaper value is kept.
-KAPPA_UNRESOLVED = 1e28
-# The unit roundoff of the factorizations (float64): their error bars scale with it.
-EPS64 = 2.0**-53
-
-
-def error_scale(m: int, c: int) -> float:
-    """p in the error model of every route: the computed σᵢ of an m × c matrix are those of
-    M + δM with ‖δM‖₂ ≤ p·ε·‖M‖₂ (backward stability of SVD, Householder QR and partially
-    pivoted LU with a modest growth factor; Higham 2002, Thms 19.4, 9.5), taken as
-    p = max(m, c) — the worst case of the dimension-dependent constants, which the measured
-    errors stay below (tests/workers/test_gap_error.py)."""
-    return float(max(m, c))
-
-
-def gaps_from_eigenvalues(lam: Tensor) -> Tensor:
-    """log(mean λ) − mean(log λ) per row of lam (B, r) ≥ 0 (float64) → (B,): `service.isometry.
-    gap_from_eigenvalues` in torch. A zero λ gives +∞; rounding below 0 is clipped (AM ≥ GM)."""
-    if lam.shape[1] == 0:
-        return torch.full(lam.shape[:1], math.inf, dtype=F64, device=lam.device)
-    mean = lam.mean(dim=1, keepdim=True)
-    gap = (-torch.log(lam / mean).mean(dim=1)).clamp_min(0.0)
-    return torch.where(lam.min(dim=1).values > 0, gap, math.inf)
 
 
 def project_out_ones(H: Tensor) -> Tensor:
@@ -84,96 +78,6 @@ def project_out_ones(H: Tensor) -> Tensor:
     u[0] -= 1.0
     PH = H - (2.0 / float(u.T @ u)) * u * (u.T @ H)  # (B, n, d)
     return PH[..., 1:, :]
-
-
-def _svd_gaps(M: Tensor, r: int) -> Tensor:
-    """Gaps of the r largest λ = σ² of M (B, m, c), σ from float64 SVD (no Gram formed)."""
-    return _svd_gaps_and_errors(M, r)[0]
-
-
-def _svd_gaps_and_errors(
-    M: Tensor, r: int, eps: float = EPS64, rounding: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """(gaps, absolute error bounds) of the r largest λ = σ² of M (B, m, c). Each computed σᵢ
-    is within δ = p·ε·σ₁ of the true one (`error_scale`; Weyl), plus rounding·‖M‖_F for the
-    rounding of M's own entries (`tap_gaps_and_errors`), so the gap — log(mean λ) −
-    mean(log λ) — is within 2δ·mean(1/σᵢ) + 2δ/σ₁ (its second term: the trace, ≤ λ₁); where
-    δ ≥ σ_r no σ_r is resolved: +∞."""
-    full = torch.linalg.svdvals(M.to(F64))  # (B, min(m, c)) descending
-    s = full[:, :r]
-    gap = gaps_from_eigenvalues(s.square())
-    if s.shape[1] == 0:
-        return gap, torch.zeros_like(gap)
-    frobenius = torch.linalg.vector_norm(full, dim=1)
-    delta = error_scale(*M.shape[1:]) * eps * s[:, 0] + rounding * frobenius
-    err = 2.0 * delta * (s.reciprocal().mean(dim=1) + s[:, 0].reciprocal())
-    return gap, torch.where(delta < s[:, -1], err, math.inf)
-
-
-def _factor_errors(
-    tr: Tensor, lam_min: Tensor, m: int, c: int, eps: float, rounding: float = 0.0
-) -> Tensor:
-    """Absolute error bounds of a gap from a factor (LU or QR) of M (m × c, tr = ‖M‖²_F) whose
-    λ_min was estimated as lam_min: the factor is exact for M + δM, ‖δM‖₂ ≤ δ = p·ε·‖M‖_F
-    (`error_scale`) + rounding·‖M‖_F (M's own entries' rounding: `tap_gaps_and_errors`), so
-    (1/m) log det G moves by ≤ 2δ/σ_min (|log det(I + M⁻¹δM)| ≤ m‖M⁻¹δM‖₂), with σ_min ≈
-    √lam_min; +∞ where δ ≥ √lam_min (unresolved). lam_min comes from one
-    inverse-iteration step and may overshoot λ_min (κ under by 1/|u_minᵀv|): the measured
-    errors stay within the bound all the same (tests/workers/test_gap_error.py)."""
-    delta = (error_scale(m, c) * eps + rounding) * torch.sqrt(tr)
-    sigma = torch.sqrt(lam_min)
-    err = 2.0 * delta / sigma + 2.0 * eps * m
-    return torch.where(delta < sigma, err, math.inf)
-
-
-@functools.lru_cache(maxsize=64)
-def _start_vectors(m: int, device: torch.device) -> Tensor:
-    """Two fixed random unit vectors (m, 2), float64 (cached: read, never written)."""
-    v = torch.randn(m, 2, generator=torch.Generator().manual_seed(m), dtype=F64)
-    return (v / torch.linalg.vector_norm(v, dim=0)).to(device)
-
-
-def _lambda_min_estimate(w: Tensor, diag: Tensor | None = None) -> Tensor:
-    """An estimate of λ_min(G) from w = G⁻¹V (B, m, k) for unit start vectors V — one step of
-    inverse iteration: ‖G⁻¹v‖ ≤ 1/λ_min, so 1/‖w‖ ≥ λ_min, undershooting κ by 1/|u_minᵀv|
-    (measured ≤ 1.7e4 with two vectors) — and, for a triangular factor R with G = RᵀR, its
-    diagonal (B, m): λ_min = σ_min(R)² ≤ min R_ii². The smaller of the two."""
-    est = torch.linalg.vector_norm(w, dim=1).reciprocal().amin(dim=1)
-    if diag is None or diag.shape[1] == 0:
-        return est
-    return torch.minimum(est, diag.abs().amin(dim=1).square())
-
-
-def _qr_log_det(M: Tensor) -> tuple[Tensor, Tensor]:
-    """(log det G, λ̂_min) of G = M Mᵀ, M (B, m, c) float64 with m ≤ c: Householder QR Mᵀ = QR
-    gives G = RᵀR (σ(M) = σ(R)), log det G = 2Σ log|R_ii|; G⁻¹V by two triangular solves (only
-    the upper triangle of geqrf's output is R, and only it is read)."""
-    m = M.shape[1]
-    A, _ = torch.geqrf(M.mT)
-    R = A[:, :m, :]
-    diag = torch.diagonal(R, dim1=-2, dim2=-1)
-    V = _start_vectors(m, M.device).expand(len(M), -1, -1)
-    w = torch.linalg.solve_triangular(R.mT, V, upper=False)
-    w = torch.linalg.solve_triangular(R, w, upper=True)
-    return 2.0 * torch.log(diag.abs()).sum(dim=1), _lambda_min_estimate(w, diag)
-
-
-def _lu_log_det(M: Tensor, rhs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(log det G, λ̂_min, M⁻¹·rhs) of G = M Mᵀ, M (B, m, m) float64 square: LU with partial
-    pivoting gives log det G = 2Σ log|U_ii| at (2/3)m³ flops, half of QR's (4/3)m³, with the
-    same backward-error bound up to the growth factor (Higham 2002, Thm 9.5 and §9.4; O(1) on
-    the matrices measured here); G⁻¹V = M⁻ᵀ(M⁻¹V) by two LU solves, the first of which also
-    solves for `rhs` (B, m, k) if given."""
-    # The LU of Mᵀ (same |det|): a row-major M's transpose is already the column-major layout
-    # LAPACK factors, so it is copied as is (~3× faster than a transposing copy of M).
-    LU, piv, _ = torch.linalg.lu_factor_ex(M.mT)
-    V = _start_vectors(M.shape[1], M.device).expand(len(M), -1, -1)
-    k = 0 if rhs is None else rhs.shape[2]
-    B = V if rhs is None else torch.cat([rhs, V], dim=2)
-    w = torch.linalg.lu_solve(LU, piv, B, adjoint=True)  # (Mᵀ)ᵀ⁻¹B = M⁻¹B
-    lam = _lambda_min_estimate(torch.linalg.lu_solve(LU, piv, w[..., k:]))  # M⁻ᵀ(M⁻¹V)
-    log_det = 2.0 * torch.log(torch.diagonal(LU, dim1=-2, dim2=-1).abs()).sum(dim=1)
-    return log_det, lam, None if rhs is None else w[..., :k]
 
 
 def _full_rank_gaps(M: Tensor) -> Tensor:
@@ -268,23 +172,32 @@ def range_gaps(M: Tensor, rank: int, *, ones_in_null: bool = False) -> Tensor:
 
     With ones_in_null, M is first projected onto 1⊥ (`project_out_ones`). Where rank is all of
     the smaller side, the Gram on that side (same non-zero spectrum) goes through
-    `_full_rank_gaps`; otherwise the float64 singular values of M. Non-finite M gives NaN.
+    `_full_rank_gaps`; otherwise the top eigenvalues of its formed Gram or its float64
+    singular values (`range_gaps_and_errors`). Non-finite M gives NaN.
     Chunked (`_chunk_size`).
     """
     return range_gaps_and_errors(M, rank, ones_in_null=ones_in_null)[0]
 
 
 def range_gaps_and_errors(
-    M: Tensor, rank: int, *, ones_in_null: bool = False, eps: float = EPS64, rounding: float = 0.0
+    M: Tensor,
+    rank: int | Tensor,
+    *,
+    ones_in_null: bool = False,
+    eps: float = EPS64,
+    rounding: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """`range_gaps` and, for each, a bound on its absolute error from the route that computed
-    it (`_factor_errors`, `_svd_gaps_and_errors`) at unit roundoff eps, with M's own entries
-    each rounded once at unit roundoff `rounding` (‖δM‖_F ≤ rounding·‖M‖_F): +∞ where λ_min is
-    below what that precision resolves; NaN for a non-finite M."""
+    it (workers/factors.py) at unit roundoff eps, with M's own entries each rounded once at
+    unit roundoff `rounding` (‖δM‖_F ≤ rounding·‖M‖_F): +∞ where λ_min is below what that
+    precision resolves; NaN for a non-finite M. `rank` may also be one rank per matrix (B,),
+    each below min(n, d): rank-deficient matrices of one shape share their calls."""
     out, errs = [], []
     step = _chunk_size(M.shape[1:], M.device)
-    bordered = ones_in_null and M.shape[1] == M.shape[2] == rank + 1
-    for chunk in M.split(step):
+    per = isinstance(rank, Tensor)
+    bordered = not per and ones_in_null and M.shape[1] == M.shape[2] == rank + 1
+    for lo in range(0, len(M), step):
+        chunk = M[lo : lo + step]
         if bordered:
             g, e = _centred_square_gaps(chunk, eps, rounding)
             out.append(g)
@@ -293,12 +206,15 @@ def range_gaps_and_errors(
         if ones_in_null:
             chunk = project_out_ones(chunk)
         m, c = chunk.shape[1:]
-        if rank >= min(m, c):
+        if not per and rank >= min(m, c):
             g, e = _full_rank_gaps_and_errors(chunk if m <= c else chunk.mT, eps, rounding)
         else:
+            ranks = rank[lo : lo + step] if per else torch.full((len(chunk),), rank)
             finite = _all_finite(chunk)
-            safe = torch.where(finite[:, None, None], chunk, 0.0)
-            g, e = _svd_gaps_and_errors(safe, rank, eps, rounding)
+            safe = chunk.to(F64)
+            if not bool(finite.all()):
+                safe = torch.where(finite[:, None, None], safe, 0.0)
+            g, e = gram_eigh_gaps_and_errors(safe, ranks, eps, rounding)
             g, e = torch.where(finite, g, math.nan), torch.where(finite, e, math.nan)
         out.append(g)
         errs.append(e)
@@ -395,11 +311,17 @@ def _tap_gaps(
 
 
 def tap_gaps_and_errors(
-    H: Sequence[Tensor], kinds: list[Structure], masks: tuple[Tensor, Tensor] | None = None
+    H: Sequence[Tensor],
+    kinds: list[Structure],
+    masks: tuple[Tensor, Tensor] | None = None,
+    visit: Callable[[list[int], Tensor], None] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(gap, range gap, the gap's relative error bound) of each representation H[i] (n, d) (a
     list or a stack (B, n, d)) with structure kinds[i], float64. `masks`: `_supports(H)` if
-    already known.
+    already known. `visit(indices, M)`, if given, sees each float64 stack M (b, n', d') of the
+    H[i], i in indices, before it is factored — each tap is cast to float64 once, and what
+    else needs it in float64 reads it there (workers/metrics.py: rms and mean_cosine); M holds
+    the tap without its zero rows and columns.
 
     Zero rows and columns are dropped first (they add only zero eigenvalues, which the structure
     already counts); then one batched `range_gaps_and_errors` per distinct (structure, shape)
@@ -424,20 +346,27 @@ def tap_gaps_and_errors(
         if not whole[i]:
             trimmed[i] = H[i][rows[i]][:, cols[i]]
         shape = tuple(trimmed[i].shape) if i in trimmed else tuple(H[i].shape)
-        groups.setdefault((s, shape, H[i].dtype), []).append(i)
-    for (s, _, dtype), idx in groups.items():
+        # rank-deficient taps (the top-r spectrum of fewer than the smaller side) of one shape
+        # share their calls whatever their ranks
+        deficient = s.rank < min(shape[0] - int(s.ones_in_null), shape[1])
+        key = (s.ones_in_null, s.known, None if deficient else s.rank, shape, H[i].dtype)
+        groups.setdefault(key, []).append(i)
+    for (ones, known, rank, _, dtype), idx in groups.items():
         where = torch.tensor(idx, device=gap.device)
-        src = trimmed if idx[0] in trimmed else H
+        mats = [trimmed[i] if i in trimmed else H[i] for i in idx]
+        ranks = torch.tensor([kinds[i].rank for i in idx])
         u = torch.finfo(dtype).eps / 2  # the tap's unit roundoff
-        eps = EPS64 if s.known else max(EPS64, u)
-        M = _stacked(src, idx, F64)
-        parts = [
-            range_gaps_and_errors(m, s.rank, ones_in_null=s.ones_in_null, eps=eps, rounding=u)
-            for m in M
-        ]
+        eps = EPS64 if known else max(EPS64, u)
+        parts, done = [], 0
+        for m in _stacked(mats, list(range(len(idx))), F64):
+            if visit is not None:
+                visit(idx[done : done + len(m)], m)
+            r_arg = rank if rank is not None else ranks[done : done + len(m)]
+            done += len(m)
+            parts.append(range_gaps_and_errors(m, r_arg, ones_in_null=ones, eps=eps, rounding=u))
         r = torch.cat([q[0] for q in parts])
         rng[where] = r
-        if s.rank >= n:
+        if rank is not None and rank >= n:
             e = torch.cat([q[1] for q in parts])
             gap[where] = r
             rel = torch.where(r > 0, e / r, torch.where(e == 0, 0.0, math.inf))

@@ -15,8 +15,10 @@ units alive on one and the same sample only) read as a large finite gap set by f
 (σ_min ~ 1e-16·σ_max): the tracker cannot see them, and no tolerance can tell them from the
 regular Grams of deep Gaussian chains, which reach λ_min/λ_max ≈ 1e-35 (docs/architecture.md).
 
-The gaps themselves are workers/gaps.py's (float64 factors of each tap, batched over layers); the
-structures workers/structure.py's. This module runs the probe and assembles the record.
+The gaps themselves are workers/gaps.py's (float64 factors of each tap, batched over layers:
+workers/factors.py); the structures workers/structure.py's. This module runs the probe and
+assembles the record, reading each tap in float64 once: its gaps, range gaps and error bars,
+and — where the tap is its block's output — rms and mean_cosine come from the same cast stack.
 """
 
 from __future__ import annotations
@@ -132,31 +134,19 @@ def _runs(shapes: list[tuple[int, ...]]) -> list[slice]:
     return [g for g in out if g.stop > g.start]
 
 
-def _weight_stacks(W: list[Tensor]) -> list[Tensor]:
-    """Equal-shape groups in block order (`_runs`) — for the MLP W_1 (d × d_in), W_2..W_L
-    (d × d), W_head (C × d) — each turned to its smaller side (W Wᵀ and Wᵀ W share their
-    non-zero spectrum). A kernel (out, in, k, k) counts as the matrix (out, in·k·k)."""
-    W = [w.reshape(w.shape[0], -1) for w in W]
-    stacks = [torch.stack(W[g]) for g in _runs([tuple(w.shape) for w in W])]
-    return [s if s.shape[1] <= s.shape[2] else s.mT for s in stacks]
-
-
-def _grad_norms(grads: list[list[Tensor]]) -> Tensor:
-    """‖∂L/∂θ‖_F over each layer's listed weights (float64, NaN for a layer without any): one
-    stacked reduction per equal-shape run where every layer has one weight (the MLP)."""
-    if all(len(g) == 1 for g in grads):
-        flat = [g[0] for g in grads]
-        runs = _runs([tuple(g.shape) for g in flat])
-        return torch.cat([frobenius_norms(flat[r]) for r in runs])
-    device = next(t.device for g in grads for t in g)
-    return torch.stack(
-        [
-            torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in g]), dtype=F64)
-            if g
-            else torch.tensor(math.nan, dtype=F64, device=device)
-            for g in grads
-        ]
-    )
+def _grad_norms(grads: list[list[Tensor]]) -> np.ndarray:
+    """‖∂L/∂θ‖_F over each layer's listed weights (float64, NaN for a layer without any), each
+    weight's gradient read once (no stacked copy)."""
+    out = np.full(len(grads), math.nan)
+    norms = [
+        torch.linalg.vector_norm(g[0] if len(g) == 1 else torch.cat([t.reshape(-1) for t in g]),
+                                 dtype=F64)
+        for g in grads
+        if g
+    ]  # fmt: skip
+    if norms:
+        out[[i for i, g in enumerate(grads) if g]] = torch.stack(norms).cpu().numpy()
+    return out
 
 
 def rms_and_mean_cosine(H: Tensor) -> tuple[float, float]:
@@ -165,15 +155,9 @@ def rms_and_mean_cosine(H: Tensor) -> tuple[float, float]:
     off-diagonal cosine similarity between its samples (the "correlation"), from
     Σ_{i≠j} cos(h_i, h_j) = ‖Σ_i h_i/‖h_i‖‖² − k in O(nd). Samples that are exactly zero have no
     direction and are left out (k counts the others); fewer than two → NaN. float64."""
-    M = H.detach().reshape(H.shape[0], -1).to(F64)
-    rms = float(torch.sqrt(M.square().mean()))
-    norms = torch.linalg.vector_norm(M, dim=1)
-    keep = norms != 0
-    k = int(keep.sum())
-    if k < 2:
-        return rms, math.nan
-    u = (M[keep] / norms[keep, None]).sum(dim=0)
-    return rms, float((u.square().sum() - k) / (k * (k - 1)))
+    M = H.detach().reshape(1, H.shape[0], -1).to(F64)
+    rms, cos = _rms_and_cosines(M, torch.tensor([float(M.numel())], dtype=F64, device=M.device))
+    return float(rms[0]), float(cos[0])
 
 
 def _indices_by_shape(tensors: Sequence[Tensor]) -> list[list[int]]:
@@ -321,63 +305,26 @@ def _measure(
 ) -> list[dict[str, np.ndarray | float]]:
     """The record fields of each member (see probe_metrics): its taps' structures member by
     member, the factorizations of every member's taps grouped by (structure, shape) into shared
-    batched calls, the weights' likewise, the per-tap metrics' singular values too."""
+    batched calls — each tap cast to float64 once, its block's rms and mean_cosine read from
+    that same cast where the block output is a tap (the MLP's) —, the weights' likewise, the
+    per-tap metrics' singular values too."""
     L, kinds = net.depth, list(net.kinds)
+    taps = _TapSet(members, kinds)
+    gap, rng, err, rms, cos = _tap_gaps_and_outputs(net, members, taps)
     layer_weights = net.layer_weights()
-    # Per member, its distinct taps (an identity σ returns its input: one Gram is enough),
-    # deduplicated before detaching (which makes new objects); kind-major, block-minor.
-    uniqs, wheres, H = [], [], []
-    for m in members:
-        uniq, where = _unique([t for k in kinds for t in m.taps.layers[k]])
-        uniqs.append(uniq)
-        wheres.append(where)
-        H += [t.detach().reshape(len(m.x), -1) for t in uniq]  # stacked only in chunks
-    owner = [(j, i) for j, u in enumerate(uniqs) for i in range(len(u))]
-    groups = _by_shape(H)  # zero rows and columns, counted once per tap
-    known: dict[int, tuple[int, int]] = {}
-    for at, rows, cols in groups:
-        counts = torch.stack([rows.sum(dim=1), cols.sum(dim=1)], dim=1).tolist()
-        for g, c in zip(at, counts, strict=True):
-            j, i = owner[g]
-            known[id(uniqs[j][i])] = (c[0], c[1])
-
-    def fit(s: Structure, h: Tensor) -> Structure:
-        return refine(s, h, known.get(id(h)))
-
-    kind_of: list[Structure] = []
-    for m, where in zip(members, wheres, strict=True):
-        forced = net.structures(m.p, m.x, m.taps, fit)
-        first = {}
-        for i, w in enumerate(where):
-            first.setdefault(w, forced[kinds[i // L]][i % L])
-        kind_of += [first[w] for w in range(len(first))]
-    device = members[0].x.device
-    gap = torch.empty(len(H), dtype=F64, device=device)
-    rng = torch.empty_like(gap)
-    err = torch.empty_like(gap)
-    for at, rows, cols in groups:
-        sub = torch.tensor(at, device=device)
-        gap[sub], rng[sub], err[sub] = tap_gaps_and_errors(
-            [H[g] for g in at], [kind_of[g] for g in at], (rows, cols)
-        )
     firsts = [ws[0] if ws else None for ws in layer_weights]
     has_weight = [i for i, k in enumerate(firsts) if k is not None] + [L]
     wgaps = _weight_gaps(
-        [[m.p[k].detach() for k in firsts if k is not None] + [m.p[net.head_weight].detach()]
-         for m in members]
-    )  # fmt: skip
-    rms, cos = _rms_and_cosines([t for m in members for t in m.taps.outputs], len(members), L)
+        [[m.p[k] for k in firsts if k is not None] + [m.p[net.head_weight]] for m in members]
+    )
     tokens = None
     if members[0].taps.tokens is not None:
         flat = token_metrics([t.detach() for m in members for t in m.taps.tokens or []])
         tokens = {k: v.reshape(len(members), L) for k, v in flat.items()}
     per_tap = _tap_metrics(members, L) if tap_metrics else {}
     outs: list[dict[str, np.ndarray | float]] = []
-    start = 0
     for j, m in enumerate(members):
-        mine = slice(start, start + len(uniqs[j]))
-        start = mine.stop
-        idx = torch.tensor(wheres[j], device=device)
+        mine, idx = taps.slice(j), taps.where(j)
         out: dict[str, np.ndarray | float] = {}
         for name, values in (
             ("isometry_gap", gap[mine]),
@@ -388,12 +335,8 @@ def _measure(
             out.update({f"{name}/{k}": v for k, v in zip(kinds, per_kind, strict=True)})
         wgap = np.full(L + 1, math.nan)
         wgap[has_weight] = wgaps[j]
-        gnorm = (
-            _grad_norms(
-                [[m.grads[k] for k in ws] for ws in layer_weights] + [[m.grads[net.head_weight]]]
-            )
-            .cpu()
-            .numpy()
+        gnorm = _grad_norms(
+            [[m.grads[k] for k in ws] for ws in layer_weights] + [[m.grads[net.head_weight]]]
         )
         out["weight_isometry_gap"] = wgap[:L]
         out["grad_norm"] = gnorm[:L]
@@ -407,9 +350,145 @@ def _measure(
             out.update(custom_metrics.attention_record(m.taps.attention))
         if spectra:
             W = [m.p[k].detach() for k in firsts if k is not None]
-            out.update(_spectra(H[mine], idx, kinds, W, L))
+            out.update(_spectra(taps.H[mine], idx, kinds, W, L))
         outs.append(out)
     return outs
+
+
+class _TapSet:
+    """Every member's distinct taps (an identity σ returns its input: one Gram is enough),
+    deduplicated before detaching (which makes new objects); kind-major, block-minor, member
+    after member, as the (n, −1) matrices H whose Grams are measured."""
+
+    def __init__(self, members: list[_Member], kinds: list[str]) -> None:
+        self.uniqs: list[list[Tensor]] = []
+        self.wheres: list[list[int]] = []
+        self.H: list[Tensor] = []
+        for m in members:
+            uniq, where = _unique([t for k in kinds for t in m.taps.layers[k]])
+            self.uniqs.append(uniq)
+            self.wheres.append(where)
+            self.H += [t.detach().reshape(len(m.x), -1) for t in uniq]  # stacked in chunks
+        self.starts = np.cumsum([0] + [len(u) for u in self.uniqs]).tolist()
+
+    def slice(self, j: int) -> slice:
+        return slice(self.starts[j], self.starts[j + 1])
+
+    def where(self, j: int) -> Tensor:
+        return torch.tensor(self.wheres[j], device=self.H[0].device)
+
+
+def _tap_gaps_and_outputs(
+    net: Net, members: list[_Member], taps: _TapSet
+) -> tuple[Tensor, Tensor, Tensor, np.ndarray, np.ndarray]:
+    """(gap, range gap, error) of every tap of `taps` (float64 (len(H),)) and the rms and
+    mean_cosine (K, L) of every member's block outputs: the supports first (the structures
+    need them), then the structures member by member, then one float64 pass per (structure,
+    shape) group that factors the taps and reads the block outputs among them."""
+    H, L = taps.H, net.depth
+    groups = _by_shape(H)  # zero rows and columns, counted once per tap, on the taps' dtype
+    known: dict[int, tuple[int, int]] = {}
+    for at, rows, cols in groups:
+        counts = torch.stack([rows.sum(dim=1), cols.sum(dim=1)], dim=1).tolist()
+        for g, c in zip(at, counts, strict=True):
+            known[id(_owner(taps, g))] = (c[0], c[1])
+
+    def fit(s: Structure, h: Tensor) -> Structure:
+        return refine(s, h, known.get(id(h)))
+
+    kind_of: list[Structure] = []
+    for m, where in zip(members, taps.wheres, strict=True):
+        forced = net.structures(m.p, m.x, m.taps, fit)
+        first: dict[int, Structure] = {}
+        for i, w in enumerate(where):
+            first.setdefault(w, forced[net.kinds[i // L]][i % L])
+        kind_of += [first[w] for w in range(len(first))]
+    outputs = [t.detach() for m in members for t in m.taps.outputs]  # member-major (K·L)
+    stats = _OutputStats(outputs, H)
+    gap = torch.empty(len(H), dtype=F64, device=members[0].x.device)
+    rng, err = torch.empty_like(gap), torch.empty_like(gap)
+    for at, rows, cols in groups:
+        sub = torch.tensor(at, device=gap.device)
+
+        def visit(idx: list[int], M: Tensor, at: list[int] = at) -> None:
+            stats.read([at[i] for i in idx], M)
+
+        gap[sub], rng[sub], err[sub] = tap_gaps_and_errors(
+            [H[g] for g in at], [kind_of[g] for g in at], (rows, cols), visit
+        )
+    rms, cos = stats.rest()
+    return gap, rng, err, rms.reshape(len(members), L), cos.reshape(len(members), L)
+
+
+def _owner(taps: _TapSet, g: int) -> Tensor:
+    """The tap object (before detaching) of H[g]."""
+    j = int(np.searchsorted(taps.starts, g, side="right")) - 1
+    return taps.uniqs[j][g - taps.starts[j]]
+
+
+def _key(t: Tensor) -> tuple:
+    """What identifies a tensor's values whatever view object holds them (a pack's member
+    slices are new objects each time)."""
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+class _OutputStats:
+    """rms and mean_cosine of the block outputs (`rms_and_mean_cosine`): read from a tap's
+    float64 stack where the output is a tap (`read`, the visitor of `tap_gaps_and_errors`), the
+    others in a float64 pass of their own (`rest`)."""
+
+    def __init__(self, outputs: list[Tensor], H: list[Tensor]) -> None:
+        self.outputs = outputs
+        self.rms = np.full(len(outputs), math.nan)
+        self.cos = np.full(len(outputs), math.nan)
+        self.done = np.zeros(len(outputs), dtype=bool)
+        by_key: dict[tuple, list[int]] = {}
+        for i, o in enumerate(outputs):
+            by_key.setdefault(_key(o.reshape(len(o), -1)), []).append(i)
+        # tap g → the outputs it is (an output is one tap at most: the taps are distinct)
+        self.of_tap = {g: by_key[_key(h)] for g, h in enumerate(H) if _key(h) in by_key}
+
+    def read(self, taps: list[int], M: Tensor) -> None:
+        """M (b, n', d'): float64 H[g] for g in taps, without their zero rows and columns."""
+        pos = [p for p, g in enumerate(taps) if g in self.of_tap]
+        if not pos:
+            return
+        sel = M if len(pos) == len(M) else M[torch.tensor(pos, device=M.device)]
+        size = [self.outputs[self.of_tap[taps[p]][0]].numel() for p in pos]
+        r, c = _rms_and_cosines(sel, torch.tensor(size, dtype=F64, device=M.device))
+        for q, p in enumerate(pos):
+            at = self.of_tap[taps[p]]
+            self.rms[at], self.cos[at], self.done[at] = float(r[q]), float(c[q]), True
+
+    def rest(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every output's (rms, mean_cosine) once the taps were read: the outputs that are no
+        tap (a residual stream, a pooled token stream) stacked by shape in float64 chunks."""
+        todo = [i for i in range(len(self.outputs)) if not self.done[i]]
+        flat = {i: self.outputs[i].reshape(len(self.outputs[i]), -1) for i in todo}
+        for idx in _indices_by_shape([flat[i] for i in todo]):
+            at = [todo[i] for i in idx]
+            pos = 0
+            for M in _stacked(flat, at, F64):
+                part = at[pos : pos + len(M)]
+                size = torch.full((len(M),), float(M[0].numel()), dtype=F64, device=M.device)
+                r, c = _rms_and_cosines(M, size)
+                self.rms[part], self.cos[part] = r.cpu().numpy(), c.cpu().numpy()
+                pos += len(M)
+        return self.rms, self.cos
+
+
+def _rms_and_cosines(M: Tensor, size: Tensor) -> tuple[Tensor, Tensor]:
+    """`rms_and_mean_cosine` of each float64 M[i] (b, n, f) of `size[i]` entries (zero rows and
+    columns may have been dropped: they add nothing to either), in one pass over M for the
+    samples' norms and one product for Σᵢ hᵢ/‖hᵢ‖."""
+    norms = torch.linalg.vector_norm(M, dim=2)  # (b, n)
+    rms = torch.sqrt(norms.square().sum(dim=1) / size)
+    keep = norms != 0
+    k = keep.sum(dim=1).to(F64)
+    inv = torch.where(keep, norms.reciprocal(), 0.0)
+    u = (inv[:, None, :] @ M)[:, 0]  # (b, f)
+    cos = (u.square().sum(dim=1) - k) / (k * (k - 1)).clamp_min(1)
+    return rms, torch.where(k >= 2, cos, math.nan)
 
 
 def _tap_metrics(members: list[_Member], L: int) -> dict[str, np.ndarray]:
@@ -423,34 +502,18 @@ def _tap_metrics(members: list[_Member], L: int) -> dict[str, np.ndarray]:
 
 
 def _weight_gaps(W: list[list[Tensor]]) -> list[np.ndarray]:
-    """weight_isometry_gaps of each member's weights (lists of equal layout), the members'
-    equal-shape stacks (`_weight_stacks`) joined into one batched call each."""
-    stacks = [_weight_stacks(w) for w in W]
-    joined = [torch.cat([s[i] for s in stacks]) for i in range(len(stacks[0]))]
-    gaps = [weight_isometry_gaps(s).cpu().numpy() for s in joined]
-    sizes = [len(s) for s in stacks[0]]
-    return [
-        np.concatenate([g[j * size : (j + 1) * size] for g, size in zip(gaps, sizes, strict=True)])
-        for j in range(len(W))
-    ]
-
-
-def _rms_and_cosines(outputs: list[Tensor], K: int, L: int) -> tuple[np.ndarray, np.ndarray]:
-    """`rms_and_mean_cosine` of K·L block outputs (member-major) as (K, L) arrays, batched per
-    shape."""
-    rms = np.empty(K * L)
-    cos = np.empty(K * L)
-    for at in _indices_by_shape(outputs):
-        M = torch.stack([outputs[i].detach() for i in at]).flatten(2).to(F64)  # (B, n, f)
-        r = torch.sqrt(M.square().mean(dim=(1, 2)))
-        norms = torch.linalg.vector_norm(M, dim=2)  # (B, n)
-        keep = norms != 0
-        k = keep.sum(dim=1).to(F64)
-        unit = torch.where(keep[..., None], M / torch.where(keep, norms, 1.0)[..., None], 0.0)
-        u = unit.sum(dim=1).square().sum(dim=1)
-        c = torch.where(k >= 2, (u - k) / (k * (k - 1)).clamp_min(1), math.nan)
-        rms[at], cos[at] = r.cpu().numpy(), c.cpu().numpy()
-    return rms.reshape(K, L), cos.reshape(K, L)
+    """weight_isometry_gaps of each member's weights (lists of equal layout; a kernel (out,
+    in, k, k) counts as the matrix (out, in·k·k)): per run of equal shape (`_runs`: W_1, then
+    W_2..W_L, then the head), every member's weights cast to float64 in shared chunks, one
+    batched call each (the Gram on the smaller side: `range_gaps`)."""
+    K, B = len(W), len(W[0])
+    flat = [w.detach().reshape(w.shape[0], -1) for ws in W for w in ws]  # member-major
+    out = np.empty(K * B)
+    for run in _runs([tuple(w.shape) for w in flat[:B]]):
+        idx = [j * B + i for j in range(K) for i in range(run.start, run.stop)]
+        vals = [range_gaps(M, min(M.shape[1:])) for M in _stacked(flat, idx, F64)]
+        out[idx] = torch.cat(vals).cpu().numpy()
+    return list(out.reshape(K, B))
 
 
 def _spectra(H: list[Tensor], idx: Tensor, kinds: list[str], W: list[Tensor], L: int) -> dict:

@@ -166,3 +166,23 @@ def test_every_family_records_the_error_bar(model):
         infinite += int((gap == math.inf).sum())
         assert (err[gap == math.inf] == 0).all()
     assert infinite > 0
+
+
+def test_the_gram_route_of_rank_deficient_float32_taps_is_bounded_too():
+    """The route of rank-deficient taps (workers/factors.py, `gram_eigh_gaps_and_errors`: the
+    top-r eigenvalues of the formed Gram where a float32 tap's rounding dominates what forming
+    it loses) across every ratio: a range gap of 12 of 16 of an exactly rank-12 matrix held in
+    float32. Its bar bounds the distance to the exact spectrum's gap wherever it is finite,
+    is finite down to λ_r/λ_1 = 1e-8, and +∞ below what float32 resolves (1e-16 and less)."""
+    rows = []
+    for ratio in RATIOS:
+        for shape in ("geometric", "one_small"):
+            s = np.concatenate([spectrum(12, ratio, shape), np.zeros(4)])
+            M = torch.stack([with_spectrum(16, 32, s, seed) for seed in range(3)])
+            got, err = gaps.range_gaps_and_errors(M.to(torch.float32), 12, rounding=2.0**-24)
+            want = gap_from_eigenvalues(s[:12] ** 2)
+            pairs = zip(got.tolist(), err.tolist(), strict=True)
+            rows += [(ratio, abs(g - want), e) for g, e in pairs]
+    assert all(true <= bound for _, true, bound in rows)
+    assert all(math.isfinite(b) for r, _, b in rows if r >= 1e-8)
+    assert all(b == math.inf for r, _, b in rows if r <= 1e-16)
