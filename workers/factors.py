@@ -98,6 +98,7 @@ def gram_eigh_gaps_and_errors(
     truth)."""
     X = M if M.shape[1] <= M.shape[2] else M.mT  # (B, q, p): the Gram on the smaller side
     q, p = X.shape[1:]
+    ranks = ranks.to(M.device)
     lam = torch.linalg.eigvalsh(X @ X.mT).flip(-1)  # (B, q) descending
     head = torch.arange(q, device=M.device)[None, :] < ranks[:, None]
     r = ranks.to(F64)

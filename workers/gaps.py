@@ -339,12 +339,14 @@ def tap_gaps_and_errors(
     rng = torch.empty_like(gap)
     err = torch.empty_like(gap)
     rows, cols = masks if masks is not None else _supports(H)
-    whole = (rows.all(dim=1) & cols.all(dim=1)).tolist()
+    all_rows, all_cols = rows.all(dim=1).tolist(), cols.all(dim=1).tolist()
     groups: dict[tuple, list[int]] = {}
     trimmed: dict[int, Tensor] = {}
     for i, s in enumerate(kinds):
-        if not whole[i]:
-            trimmed[i] = H[i][rows[i]][:, cols[i]]
+        if not all_rows[i]:
+            trimmed[i] = H[i][rows[i]]
+        if not all_cols[i]:
+            trimmed[i] = trimmed.get(i, H[i])[:, cols[i]]
         shape = tuple(trimmed[i].shape) if i in trimmed else tuple(H[i].shape)
         # rank-deficient taps (the top-r spectrum of fewer than the smaller side) of one shape
         # share their calls whatever their ranks

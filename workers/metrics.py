@@ -456,9 +456,9 @@ class _OutputStats:
         sel = M if len(pos) == len(M) else M[torch.tensor(pos, device=M.device)]
         size = [self.outputs[self.of_tap[taps[p]][0]].numel() for p in pos]
         r, c = _rms_and_cosines(sel, torch.tensor(size, dtype=F64, device=M.device))
-        for q, p in enumerate(pos):
+        for p, rms, cos in zip(pos, r.tolist(), c.tolist(), strict=True):
             at = self.of_tap[taps[p]]
-            self.rms[at], self.cos[at], self.done[at] = float(r[q]), float(c[q]), True
+            self.rms[at], self.cos[at], self.done[at] = rms, cos, True
 
     def rest(self) -> tuple[np.ndarray, np.ndarray]:
         """Every output's (rms, mean_cosine) once the taps were read: the outputs that are no
