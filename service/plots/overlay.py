@@ -179,7 +179,7 @@ def line_prediction(
         ts = sorted(by_seed[s], key=lambda t: t.config["depth"])
         deepest = ts[-1]
         if x == "layer":
-            p = _predicted(store, deepest, metric)
+            p = trial_prediction(store, deepest, metric)
             if p is not None:
                 for ell, v in enumerate(p, start=1):
                     values.setdefault(ell, []).append(float(v))
@@ -189,7 +189,7 @@ def line_prediction(
             same = metric != "grad_norm" and _config_key({**t.config, "depth": 0}) == _config_key(
                 {**deepest.config, "depth": 0}
             )
-            p = _predicted(store, deepest if same else t, metric)
+            p = trial_prediction(store, deepest if same else t, metric)
             ell = _layer_at(D, layer)
             if p is not None and 1 <= ell <= D:
                 values.setdefault(D, []).append(float(p[ell - 1]))
@@ -201,7 +201,7 @@ def line_prediction(
     return xs, mean
 
 
-def _predicted(store: Store, trial: TrialInfo, metric: str) -> np.ndarray | None:
+def trial_prediction(store: Store, trial: TrialInfo, metric: str) -> np.ndarray | None:
     """predict's values of `metric` (depth,) for a stored trial, or None without a stored Gram.
     Cached: the Gram and moments are recorded with epoch 0 and fixed by the trial."""
     grad = metric == "grad_norm"

@@ -2,7 +2,7 @@
 gain schedule / cosine Gram the engine and the theory share.
 
 The slow tests run the engine (workers.train.Trial, epoch 0) on digits, store its record in a real
-SQLite store and ask service.plots.stored for the prediction the overlay would draw: the first
+SQLite store and ask service.plots.overlay for the prediction the overlay would draw: the first
 block's LayerNorm Gram of Linear → σ → LayerNorm, n = 100 probe samples whose ‖xᵢ‖²/d_in span
 0.34–18. Finite width biases a measured gap by O(1/d) (a Gram estimated from d units, read
 through a logarithm); the test removes that term by Richardson extrapolation of the error from
@@ -26,7 +26,7 @@ from records import record, unit_gram
 from service import theory
 from service.config import METRICS, RECORD_KEYS, parse_trial_config
 from service.errors import InvalidInput
-from service.plots import stored
+from service.plots import overlay, stored
 from service.spec import parse_spec
 from service.store import Store
 from workers import nn, trainable
@@ -60,7 +60,7 @@ def _engine_vs_overlay(store, **params):
         measured.append(rec["isometry_gap/norm"][0])
         gain, gram, _ = stored.theory_inputs(t.config, rec["input_gram"], None)
         unit.append(theory.mean_field_gaps(t.config["activation"], 1, gram, gain=gain)[0])
-    predicted = [stored.trial_prediction(store, t, "norm")[0] for t in trials]
+    predicted = [overlay.trial_prediction(store, t, "isometry_gap/norm")[0] for t in trials]
     return np.array(measured), np.array(predicted), np.array(unit), trials
 
 
@@ -111,13 +111,8 @@ def test_trials_without_moments_keep_the_unit_variance_prediction(store):
     gram = unit_gram(6, 3)
     store.write_records([(t.id, record(t.id, 0, 1, input_gram=gram))])
     assert store.input_moments(t.id) is None
-    got = stored.trial_prediction(store, t, "norm")
+    got = overlay.trial_prediction(store, t, "isometry_gap/norm")
     assert got == pytest.approx(theory.mean_field_gaps("tanh", 1, gram), rel=1e-13)
-
-
-def test_prediction_cache_key_holds_what_the_prediction_depends_on():
-    for f in ("init_gain", "activation_gain", "init", "width", "input_norm", "bias_init"):
-        assert f in stored.PREDICTION_FIELDS
 
 
 def test_theory_inputs_scale_the_first_layer_by_the_init():

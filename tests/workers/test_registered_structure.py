@@ -350,7 +350,10 @@ class _Eval(tnn.Module):
         self.body = tnn.Sequential(tnn.Linear(d, d, bias=False), tnn.BatchNorm1d(d))
         self.head = tnn.Linear(d, CLASSES)
         bn = self.body[1]
-        with torch.no_grad():
+        with torch.no_grad():  # every value from g: the module is the same in any test order
+            self.body[0].weight.copy_(torch.randn(d, d, generator=g) / d**0.5)
+            self.head.weight.copy_(torch.randn(CLASSES, d, generator=g) / d**0.5)
+            self.head.bias.zero_()
             bn.running_mean.copy_(mean * torch.randn(d, generator=g))
             bn.running_var.copy_(torch.rand(d, generator=g) + 0.5)
             if shift:
