@@ -98,17 +98,38 @@ def _postgres_admin():
         pytest.skip(f"PostgreSQL not reachable at {admin}: {exc}")
 
 
-@pytest.fixture
-def postgres_url():
-    """A fresh, empty Postgres database for one test; dropped afterwards."""
-    conn = _postgres_admin()
+@pytest.fixture(scope="session")
+def _postgres_database():
+    """(url, connection) of a Postgres database of this test process's own (each pytest-xdist
+    worker has one), dropped at the end of the session."""
+    import psycopg
+
+    admin = _postgres_admin()
     name = f"isosweep_t_{uuid.uuid4().hex[:12]}"
-    conn.execute(f'CREATE DATABASE "{name}"')
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+    conn = psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True)
     try:
-        yield POSTGRES_URL.rsplit("/", 1)[0] + f"/{name}"
+        yield url, conn
     finally:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.close()
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+@pytest.fixture
+def postgres_url(_postgres_database):
+    """An empty Postgres database for one test: the session's, its sessions ended and its
+    schema dropped and made anew (what a new database gives, without CREATE DATABASE's
+    checkpoint: ~0.01 s rather than ~0.1 s idle and seconds on a busy machine)."""
+    url, conn = _postgres_database
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    conn.execute("DROP SCHEMA public CASCADE")
+    conn.execute("CREATE SCHEMA public")
+    return url
 
 
 @pytest.fixture
