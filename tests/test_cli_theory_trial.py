@@ -118,3 +118,40 @@ def test_trial_errors_name_the_flag(sqlite_url):
     assert r.returncode == 1 and "trial: trial" in r.stderr and "no input Gram" in r.stderr
     r = theory_cli("--trial", trial.id, "--input-gram", "g.npy", *db)
     assert r.returncode == 2 and "not allowed with argument" in r.stderr
+
+
+def test_predict_of_a_stored_trial_is_the_overlays(sqlite_url):
+    """`theory predict --trial ID` predicts the trial's whole record on its stored input kernel:
+    what service.theory.predict gives for that config and kernel (the numbers theory_overlay
+    draws), every layer and key."""
+    from service.config import parse_trial_config
+    from service.jsonfmt import decode_float
+    from service.plots.overlay import stored_input_kernel
+
+    trial = _stored(sqlite_url, activation="tanh", norm="batch", order="norm_act", init_gain=1.3)
+    r = theory_cli("predict", "--trial", trial.id, "--database-url", sqlite_url, "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    with Store(sqlite_url) as store:
+        stored = store.get_trial(trial.id)
+        kernel = stored_input_kernel(store, trial.id)
+    config = parse_trial_config(dict(stored.config))
+    want = theory.predict(config, input_kernel=kernel)
+    assert got["config"]["norm"] == "batch" and got["layers"] == list(range(1, 7))
+    metrics = {k: v for k, v in want.items() if k not in ("unpredicted", "notes")}
+    assert set(got["metrics"]) == set(metrics) and "grad_norm" in metrics
+    for k, v in metrics.items():
+        values = [decode_float(x) for x in got["metrics"][k]]  # ±inf and NaN come as strings
+        assert values == pytest.approx(v.tolist(), rel=1e-12, nan_ok=True), k
+    assert decode_float(got["metrics"]["grad_norm"][-1]) == 1.0  # relative to the last block's
+
+
+def test_predict_of_a_stored_trial_refuses_what_would_change_it(sqlite_url):
+    trial = _stored(sqlite_url)
+    db = ["--database-url", sqlite_url]
+    r = theory_cli("predict", "--trial", trial.id, "--set", "depth=4", *db)
+    assert r.returncode == 1 and "overrides: --set does not apply with --trial" in r.stderr
+    other = _stored(sqlite_url, gram=False, init_gain=0.7)
+    r = theory_cli("predict", "--trial", other.id, *db)
+    assert r.returncode == 1 and "no input Gram" in r.stderr
+    assert "no trial with id 999" in theory_cli("predict", "--trial", 999, *db).stderr

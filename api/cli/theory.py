@@ -4,6 +4,7 @@
     isosweep theory tanh --depth 20 --input-gram g.npy   # the mean-field gap at blocks 1..20
     isosweep theory --trial 12                           # the same from a stored trial
     isosweep theory predict --set norm=batch --set depth=20  # a trial's whole record, predicted
+    isosweep theory predict --trial 12                   # a stored trial's, as theory_overlay
 
 Coefficients below the quadrature's accuracy (COEFFICIENT_ACCURACY·‖σ‖, ‖σ‖² = E σ(αX)²;
 service.theory.hermite_coefficients is accurate to ~1e-15·‖σ‖) print as 0: they are zero up
@@ -58,7 +59,8 @@ def register(subparsers) -> None:
         type=int,
         metavar="ID",
         help="a stored trial: its input Gram (recorded with epoch 0), input moments, depth, "
-        "activation, gains and centering (from --database-url)",
+        "activation, gains and centering (from --database-url); with predict, its whole "
+        "record predicted on its stored inputs (as theory_overlay draws it)",
     )
     p.add_argument("--database-url", help="the store of --trial (default ISOSWEEP_DATABASE_URL)")
     p.add_argument("--gain-exponent", type=float, help="p: α_ℓ = α·ℓ^(−p) (default 0)")
@@ -251,18 +253,22 @@ def run_theory(args: argparse.Namespace) -> int:
 
 def run_predict(args: argparse.Namespace) -> int:
     """`isosweep theory predict --set …`: service.theory.predict of one trial config, on the
-    --inputs batch if given (else orthonormal unit-RMS inputs)."""
-    from api.cli.common import parse_overrides
+    --inputs batch if given (else orthonormal unit-RMS inputs); `--trial ID`: of a stored trial,
+    on its stored input kernel (the prediction theory_overlay draws beside its measurement)."""
     from service import theory
-    from service.config import parse_trial_config
     from service.jsonfmt import dumps
 
-    for flag in ("trial", "input_gram"):
-        if getattr(args, flag) is not None:
-            raise InvalidInput(f"--{flag.replace('_', '-')} does not apply to predict", field=flag)
-    config = parse_trial_config(parse_overrides(args.overrides))
-    inputs = load_matrix(args.inputs, "inputs") if args.inputs else None
-    p = theory.predict(config, inputs, samples=args.samples)
+    if args.input_gram is not None:
+        raise InvalidInput("--input-gram does not apply to predict", field="input_gram")
+    if args.trial is not None:
+        config, p = _stored_prediction(args)
+    else:
+        from api.cli.common import parse_overrides
+        from service.config import parse_trial_config
+
+        config = parse_trial_config(parse_overrides(args.overrides))
+        inputs = load_matrix(args.inputs, "inputs") if args.inputs else None
+        p = theory.predict(config, inputs, samples=args.samples)
     metrics = {k: v for k, v in p.items() if k not in ("unpredicted", "notes")}
     if args.json:
         print(dumps({"config": config.model_dump(), "layers": list(range(1, config.depth + 1)),
@@ -287,6 +293,44 @@ def run_predict(args: argparse.Namespace) -> int:
     for k, why in p["unpredicted"].items():
         out.print(f"[yellow]not predicted[/] {escape(k)}: {escape(why)}")
     return 0
+
+
+def _stored_prediction(args: argparse.Namespace):
+    """(config, prediction) of `theory predict --trial ID`: the trial's own config on its stored
+    input kernel (service.plots.overlay.stored_input_kernel; a transformer's on orthonormal
+    tokens, as the overlay does).
+
+    Raises:
+        InvalidInput: --set or --inputs beside --trial, or a trial without a stored input Gram.
+        NotFound: no trial with this id.
+    """
+    from api.cli.run import open_store
+    from service.config import parse_trial_config
+    from service.plots.overlay import stored_input_kernel
+    from service.theory import predict
+
+    for flag in ("overrides", "inputs"):
+        if getattr(args, flag):
+            raise InvalidInput(
+                f"--{'set' if flag == 'overrides' else flag} does not apply with --trial "
+                "(the trial's own config and stored inputs are predicted)",
+                field=flag,
+            )
+    store = open_store(args.database_url)
+    try:
+        trial = store.get_trial(args.trial)
+        config = parse_trial_config(dict(trial.config))
+        kernel = None if config.model == "transformer" else stored_input_kernel(store, trial.id)
+    finally:
+        store.close()
+    if kernel is None and config.model != "transformer":
+        raise InvalidInput(
+            f"trial {trial.id} has no input Gram stored yet (it is recorded with epoch 0)",
+            field="trial",
+        )
+    if config.model == "transformer":
+        return config, predict(config, gradients=False, samples=args.samples)
+    return config, predict(config, input_kernel=kernel, samples=args.samples)
 
 
 def shown_coefficients(coefficients: list[float], moments: dict[str, float]) -> list[float]:

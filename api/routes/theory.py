@@ -97,7 +97,8 @@ class PredictPublic(BaseModel):
 )
 def predict_trial(body: PredictRequest) -> PredictPublic:
     """The mean-field prediction of a trial's epoch-0 record: rms, mean_cosine, the isometry gaps
-    of every tap and grad_norm (relative to the last block's), for mlp and resmlp."""
+    of every tap and grad_norm (relative to the last block's) for mlp and resmlp; the token
+    metrics of an attention-only transformer in the uniform-attention limit."""
     config = parse_trial_config(body.config, where="config")
     limits = (("config.depth", config.depth, PREDICT_DEPTH_MAX),
               ("config.batch_size", config.batch_size, PREDICT_BATCH_MAX))  # fmt: skip
