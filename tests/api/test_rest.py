@@ -64,6 +64,42 @@ def test_submit_yaml_text(api):
         ({"name": "x", "priority": 2**40}, "priority", "32-bit"),
         ({"name": "x\u0000y"}, "name", "NUL"),
         ({"parameters": {}}, "name", "required"),
+        # derived fields and linked axes (issue 22): the expression, the trial point, the point
+        (
+            {
+                "name": "x",
+                "parameters": {
+                    "model": "resmlp",
+                    "depth": [4, 8],
+                    "residual_scale": {"expr": "1/sqrt(dpth)"},
+                },
+            },
+            "parameters.residual_scale",
+            "did you mean 'depth'",
+        ),
+        (
+            {
+                "name": "x",
+                "parameters": {"width": {"expr": "2*batch_size"}, "batch_size": {"expr": "width"}},
+            },
+            "parameters.width",
+            "cycle: width → batch_size → width",
+        ),
+        (
+            {"name": "x", "parameters": {"depth": [4, 8], "init_gain": {"expr": "1/(depth-4)"}}},
+            "parameters.init_gain",
+            "division by zero in 1 / 0 (in the trial with depth=4, seed=0)",
+        ),
+        (
+            {"name": "x", "parameters": {"width": {"expr": "__import__('os')"}}},
+            "parameters.width",
+            "only sqrt, log, exp, abs, round, min and max may be called",
+        ),
+        (
+            {"name": "x", "parameters": {"zip": [{"width": 8, "batch_size": 8}, {"width": 16}]}},
+            "parameters.zip[1]",
+            "every point of a linked axis sets the same fields",
+        ),
     ],
 )
 def test_bad_spec_is_422_naming_the_field(api, body, field, says):
