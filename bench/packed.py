@@ -8,6 +8,8 @@ sweep (depth 100, width 128, 1 epoch on `gaussian`) packed against unpacked.
     .venv/bin/python bench/packed.py            # ~4 minutes on 2 idle cores
     .venv/bin/python bench/packed.py --quick    # a smoke run: 64 init-only trials, a small
                                                 # trained sweep
+    .venv/bin/python bench/packed.py --part init-only --trials 1000 \
+        --set epochs=1 --set depth=4 --set width=32   # 1000 one-epoch trials against Pool(2)
 
 Fairness as in bench/runner.py: both sides run 2 trials at a time on one torch thread each, at
 Ray's worker niceness (RAY_worker_niceness, 15), the pool's processes started with `spawn` (each
@@ -248,7 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--part", choices=("all", "init-only", "trained"), default="all", help="what to run"
     )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a field of the first sweep (repeatable), e.g. --set epochs=1 --set depth=4",
+    )
     args = parser.parse_args(argv)
+    first = dict(INIT_ONLY)
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        first[key] = int(value) if value.lstrip("-").isdigit() else value
     trials = 64 if args.quick else args.trials
     trained = 4 if args.quick else args.trained
     trained_params = TRAINED_QUICK if args.quick else TRAINED
@@ -256,13 +270,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.part in ("all", "init-only"):
         init_packs: list[int | None] = [None, args.pack, 1]
-        auto = auto_size(make_spec("x", INIT_ONLY, trials, None))
+        auto = auto_size(make_spec("x", first, trials, None))
         if args.pack == auto:  # the auto size is this one already: show a smaller fixed size
             init_packs[1] = max(1, args.pack // 4)
-        rates = sweep_sides("init-only", INIT_ONLY, trials, init_packs, pool=True)
+        rates = sweep_sides("init-only", first, trials, init_packs, pool=True)
         packed = side_label(None, auto)
         report_ratios(rates, [(packed, "unpacked (pack 1)", 5.0), (packed, "pool", 1.0)])
-        phases("init-only", INIT_ONLY, trials, auto, sample=16)
+        phases("init-only", first, trials, auto, sample=16)
     if args.part in ("all", "trained"):
         t_auto = auto_size(make_spec("x", trained_params, trained, None))
         t_rates = sweep_sides("trained", trained_params, trained, [None, 1], pool=False)
