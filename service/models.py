@@ -84,7 +84,8 @@ class RegisteredModel:
     The library families (service/library_models.py) use three more forms: a factory named
     "module:function" (imported by the worker that builds the module), taps given by a function
     of the validated params, and `tokens` — the taps are (n, T, d) token streams, measured with
-    the token metrics as well."""
+    the token metrics as well — and `attention` — each tap declares its attention weights
+    (`isosweep_attention()`, docs/probe.md), recorded as attention_entropy."""
 
     name: str
     factory: Callable[..., Any] | str
@@ -92,6 +93,7 @@ class RegisteredModel:
     taps: Taps | Callable[[BaseModel], Taps]
     head: str | None = None
     tokens: bool = False
+    attention: bool = False
     check: Callable[[BaseModel, int], None] | None = None  # (params, width): more rules
 
     def tap_pattern(self, params: BaseModel | None = None) -> Taps:
@@ -218,6 +220,7 @@ LIBRARY: dict[str, RegisteredModel] = {
         library.hf_taps,
         head="head.weight",
         tokens=True,
+        attention=True,
         check=library.check_hf,
     ),
 }
@@ -286,8 +289,8 @@ def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
     """The per-layer metrics a trial records, in service.config.LAYER_METRICS' order, then the
     lab's registered per-tap metrics (with tap_metrics) by name. update_ratio is in every
     record (NaN at the first: nothing to compare with); attention_entropy is recorded by the
-    attention layers of the transformer family, and by `probe` at attention taps (external
-    trials)."""
+    attention layers of the transformer family and of `hf` models, and by `probe` at attention
+    taps (external trials)."""
     kinds = tap_kinds(config)
     have = {
         f"{m}/{k}"
@@ -299,7 +302,9 @@ def layer_metrics(config: TrialConfig) -> tuple[str, ...]:
         have |= {"token_isometry_gap", "token_cosine"}
     if config.precision_check:  # at epoch 0 (docs/science.md, "Precision")
         have |= {PRECISION_PREFIX + m for m in PRECISION_CHECKED_LAYERS if m in have}
-    if config.model in ("transformer", EXTERNAL.name):
+    if config.model in ("transformer", EXTERNAL.name) or (
+        config.model in LIBRARY and LIBRARY[config.model].attention
+    ):
         have.add("attention_entropy")
     lab: tuple[str, ...] = ()
     if config.tap_metrics:  # each block's output (docs/probe.md, "Your own metrics")

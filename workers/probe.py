@@ -40,7 +40,7 @@ from workers.custom_metrics import update_ratios
 from workers.metrics import _measure, _Member
 from workers.models.base import Taps
 from workers.models.module_structure import ModuleGraph
-from workers.models.registered import capture, tap_structures
+from workers.models.registered import capture, declared_attention, tap_structures
 from workers.structure import Structure
 from workers.token_metrics import token_metrics
 
@@ -307,9 +307,6 @@ def _attention_inputs(module: torch.nn.Module, args: tuple, kwargs: dict) -> Non
     setattr(module, ATTENTION_INPUTS, (args, kwargs))
 
 
-ATTENTION_DECLARED = "isosweep_attention"  # a submodule's method giving its last weights
-
-
 def _attention_weights(module: torch.nn.Module, names: list[str]) -> list[Tensor | None]:
     """Per tap, the attention weights (n, heads, T, S): of a tap with a method
     `isosweep_attention()` what it returns for the forward just run (a lab's own attention,
@@ -320,13 +317,8 @@ def _attention_weights(module: torch.nn.Module, names: list[str]) -> list[Tensor
     out: list[Tensor | None] = []
     for t in names:
         m = module.get_submodule(t)
-        declared = getattr(m, ATTENTION_DECLARED, None)
-        if callable(declared):  # a lab's own attention says its weights (docs/probe.md)
-            a = declared()
-            out.append(None if a is None else a.detach())
-            continue
-        if not isinstance(m, torch.nn.MultiheadAttention):
-            out.append(None)
+        if not isinstance(m, torch.nn.MultiheadAttention):  # a lab's own says its weights
+            out.append(declared_attention(m))  # (docs/probe.md), or None
             continue
         args, kwargs = m.__dict__.pop(ATTENTION_INPUTS)
         kwargs = {**kwargs, "need_weights": True, "average_attn_weights": False}

@@ -9,6 +9,7 @@ tests/workers/test_model_timm.py.)"""
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -148,3 +149,50 @@ def test_the_sizes_and_the_init_reach_the_module():
         fc, proj = (float(p[k].detach().std()) for k in names)
         assert fc == pytest.approx(sigma, rel=0.05)
         assert proj == pytest.approx(sigma / 8**0.5, rel=0.05)  # 2·depth = 8
+
+
+def entropy_reference(a: np.ndarray) -> np.ndarray:
+    """Per head: −Σ_s a log a (0 log 0 = 0) of each query's row, mean over queries and samples."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(a > 0, a * np.log(a), 0.0).sum(axis=-1)  # (n, heads, T)
+    return h.mean(axis=(0, 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gpt2", "bert", "llama"])
+@pytest.mark.usefixtures("offline")
+def test_attention_entropy_per_block_is_the_models_own_attention(arch):
+    """Each block's attention entropy equals numpy's on the weights transformers itself returns
+    (output_attentions=True, a separate forward), probe's on the same module; and at a tiny init
+    (q·k ≈ 0: uniform attention) the closed forms: log T without a mask (BERT), the mean of
+    log(q + 1) over the T queries, log(T!)/T, under the causal mask (GPT-2, LLaMA)."""
+    from workers.models.transformer import to_tokens
+
+    c = TrialConfig(**{**GPT2, "model_params": {"config": arch, "heads": 4}, "depth": 2},
+                    batch_size=8, epochs=0, dtype="float64")  # fmt: skip
+    assert "attention_entropy" in layer_metrics(c)
+    record = next(iter(fit(c)))
+    trial = Trial(c)
+    x, y = trial.probe
+    module = copy.deepcopy(trial.net.module).to(torch.float64)
+    weights = {k: v.detach() for k, v in {**trial.params, **trial.state}.items()}
+    # non-persistent buffers (BERT's position ids, LLaMA's rotary frequencies) are in the state
+    assert not module.load_state_dict(weights, strict=False).missing_keys
+    with torch.no_grad():
+        embeds = module.embed(to_tokens(x, c.dataset, None))
+        attentions = module.model(inputs_embeds=embeds, output_attentions=True).attentions
+    want = np.stack([entropy_reference(a.numpy()) for a in attentions])  # (depth, heads)
+    assert want.shape == (2, 4)
+    close(record["attention_entropy_heads"], want)
+    close(record["attention_entropy"], want.mean(axis=1))
+    taps = trial.net.tap_names
+    got = probe(module, x, y=y, taps=list(taps), head="head.weight")
+    close(got["attention_entropy_heads"], want)
+
+    params = {"config": arch, "heads": 4, "initializer_range": 1e-9}
+    tiny = TrialConfig(**{**c.model_dump(), "model_params": params})
+    T = 8  # digits: 8 rows as tokens
+    uniform = math.log(T) if arch == "bert" else math.lgamma(T + 1) / T
+    # LLaMA's eager softmax runs in float32 whatever the dtype (rounding ~1e-8)
+    rtol = 1e-6 if arch == "llama" else 1e-9
+    np.testing.assert_allclose(next(iter(fit(tiny)))["attention_entropy"], uniform, rtol=rtol)

@@ -19,12 +19,15 @@ The model comes from `ModelClass(ConfigClass(...))` — `from_config`'s path, ne
 reaches the hub. Its weights are transformers' own initialization (GPT-2: N(0, 0.02), the
 residual projections scaled by 1/√(2·depth)) drawn from torch's global generator, which the
 registered-model path seeds per trial; attention is the "eager" implementation (the same
-arithmetic on every device and dtype).
+arithmetic on every device and dtype), whose attention modules return their weights
+(n, heads, T, S): each block declares those of its last forward (`isosweep_attention()`,
+docs/probe.md), so a trial records attention_entropy per block as the built-in transformer's.
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 import torch
@@ -63,7 +66,32 @@ def backbone(params: HFParams, *, depth: int, width: int, tokens: int) -> torch.
     # the vocabulary is never read (the tokens come as inputs_embeds): a weight no loss reaches
     # would have no gradient, so it is not kept
     model.set_input_embeddings(NoVocabulary())
+    declare_attention(model, params.config, depth)
     return model
+
+
+# each architecture's attention module within a block (eager: it returns (output, weights))
+ATTENTION = {"gpt2": "attn", "bert": "attention.self", "llama": "self_attn"}
+WEIGHTS = "_isosweep_weights"
+
+
+def _keep_weights(module: torch.nn.Module, args: tuple, output: Any) -> None:
+    weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+    setattr(module, WEIGHTS, None if weights is None else weights.detach())
+
+
+def _weights_of(attention: torch.nn.Module) -> Tensor | None:
+    return getattr(attention, WEIGHTS, None)
+
+
+def declare_attention(model: torch.nn.Module, arch: str, depth: int) -> None:
+    """Each block of `model` says its attention weights of the forward just run."""
+    blocks = HF_ARCHS[arch][2]
+    for i in range(depth):
+        block = model.get_submodule(f"{blocks}.{i}")
+        attention = block.get_submodule(ATTENTION[arch])
+        attention.register_forward_hook(_keep_weights)
+        block.isosweep_attention = partial(_weights_of, attention)
 
 
 class NoVocabulary(torch.nn.Module):

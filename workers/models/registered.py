@@ -300,8 +300,14 @@ class RegisteredNet:
                     field="model",
                 )
             outs.append(got[0])
-        # a library family whose taps are token streams (n, T, d): the token metrics too
-        return out, Taps({"output": outs}, outs, outs if self.entry.tokens else None)
+        # a library family whose taps are token streams (n, T, d): the token metrics too; whose
+        # taps declare their attention (hf): the weights of the forward just run
+        attention = (
+            [declared_attention(module.get_submodule(n)) for n in self.tap_names]
+            if self.entry.attention
+            else None
+        )
+        return out, Taps({"output": outs}, outs, outs if self.entry.tokens else None, attention)
 
     def structures(self, p: Params, x: Tensor, taps: Taps, fit: Fit) -> dict:
         """Each tap's Structure as the module's layers force it (`ModuleGraph`, for p's
@@ -337,6 +343,20 @@ def tap_structures(
         s = traced.get(name, Structure(False, min(n, f), known=False))
         out.append(fit(Structure(s.ones_in_null, min(s.rank, n, f), s.known), h))
     return out
+
+
+ATTENTION_DECLARED = "isosweep_attention"  # a submodule's method giving its last weights
+
+
+def declared_attention(module: torch.nn.Module) -> Tensor | None:
+    """The attention weights (n, heads, T, S) of the forward just run, as a module with a method
+    `isosweep_attention()` declares them (a lab's own attention; an hf block, workers/models/
+    hf_model.py); None for a module without one, or one that says None."""
+    declared = getattr(module, ATTENTION_DECLARED, None)
+    if not callable(declared):
+        return None
+    a = declared()
+    return None if a is None else a.detach()
 
 
 def capture(into: list[Tensor], what: str, field: str) -> Any:
