@@ -14,11 +14,14 @@ now — the module is left as it was — and stores that record, with the user's
 record of epoch = step of an external trial of the named sweep (service/store/external.py),
 either in a local `Store` (`store=`) or on a server through `Client` (`client=`): every key
 probe returns — the per-tap metrics (effective and stable rank, the registered ones), the
-attention entropy, and the update ratio since the previous record included. It returns True to
-go on, False once the sweep was cancelled (`POST /sweeps/{id}/cancel`, the dashboard's button)
-or the run diverged (a non-finite scalar; also a resumed run that had diverged); the record that
-sees it is still stored. The user's config becomes the trial's `model_params` (flattened), so
-`model_params.<name>` filters, plot axes, group-bys and compare read it.
+attention entropy, and the update ratio since the previous record included. A scalar other than
+the five the store shares with isosweep's trials (train_loss, …) — a learning rate, a clip
+fraction — is stored as the scalar metric `loop/<name>` (service.metric_names.LOOP_PREFIX). It
+returns True to go on, False once the sweep was cancelled (`POST /sweeps/{id}/cancel`, the
+dashboard's button) or the run diverged (a non-finite train_loss, …; also a resumed run that
+had diverged); the record that sees it is still stored. The user's config becomes the
+trial's `model_params` (flattened), so `model_params.<name>` filters, plot axes, group-bys and
+compare read it.
 """
 
 from __future__ import annotations
@@ -34,11 +37,13 @@ import numpy as np
 
 from service.config import SPECTRUM_KEYS
 from service.errors import InvalidInput
+from service.metric_names import LOOP_NAME_MAX, LOOP_PREFIX, is_loop_name
 from service.models import known_metrics
 from service.status import TrialStatus
 from service.store.external import LOOP_SCALARS, flatten
 
-# The user's scalar keywords: the store's loop scalars and two short spellings.
+# The user's scalar keywords the store shares with isosweep's trials (LOOP_SCALARS) and their
+# short spellings; any other keyword is the user's own scalar, stored as loop/<name>.
 ALIASES = {"loss": "train_loss", "acc": "train_acc", "accuracy": "train_acc"}
 SCALAR_NAMES = (*LOOP_SCALARS, *ALIASES)
 
@@ -126,16 +131,22 @@ class Monitor:
             self.finish()
 
     def record(self, step: int, **scalars: Any) -> bool:
-        """Probe the fixed batch now and store the record as epoch `step` with `scalars`
-        (train_loss — or `loss` —, train_acc — or `acc` —, test_loss, test_acc, epoch_time_s).
+        """Probe the fixed batch now and store the record as epoch `step` with `scalars`:
+        train_loss (or `loss`), train_acc (or `acc`), test_loss, test_acc, epoch_time_s — the
+        scalar metrics of isosweep's own trials — and any other scalar of the loop's (`lr=3e-4`,
+        `clip_frac=…`, `tokens=…`), stored as the scalar metric `loop/<name>` (`loop/lr`) and
+        read as the others are (`metrics(…, metric="loop/lr")`, a training_curves plot).
 
         Returns:
             True to go on; False once the sweep was cancelled or the run diverged (a non-finite
-            scalar: the record is stored with `diverged` and the trial ends `diverged`).
+            train_loss, train_acc, test_loss, test_acc or epoch_time_s: the record is stored
+            with `diverged` and the trial ends `diverged`; a non-finite `loop/` scalar is
+            stored as it is, and is no divergence).
 
         Raises:
-            InvalidInput (ApiError 422): a scalar the store does not record, a step that is not
-                an integer ≥ 0, a step below the last stored one.
+            InvalidInput (ApiError 422): a scalar name that is not [A-Za-z_][A-Za-z0-9_.]* of
+                at most 59 characters, a value that is not a number (each naming the keyword),
+                a step that is not an integer ≥ 0, a step below the last stored one.
             Conflict (ApiError 409): another record for a step already stored, or a new step
                 of a finished trial.
         """
@@ -144,7 +155,8 @@ class Monitor:
         values = _scalars(scalars)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise InvalidInput(f"a step is an integer ≥ 0, not {step!r}", field="step")
-        record = self._probe(step, diverging=any(not math.isfinite(v) for v in values.values()))
+        diverging = any(not math.isfinite(v) for k, v in values.items() if k in LOOP_SCALARS)
+        record = self._probe(step, diverging=diverging)
         self.last_record = {**record, **values}
         storable = {*known_metrics(), *SPECTRUM_KEYS}
         kept = {k: v for k, v in record.items() if k in storable}
@@ -200,20 +212,29 @@ def _scalars(scalars: Mapping[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
     for name, value in scalars.items():
         key = ALIASES.get(name, name)
-        if key not in LOOP_SCALARS:
-            raise InvalidInput(
-                f"the store records the scalars {', '.join(LOOP_SCALARS)} (loss and acc are "
-                f"short for train_loss and train_acc), not {name!r}; fixed settings such as "
-                "a learning rate belong in config=",
-                field=name,
-                allowed=SCALAR_NAMES,
-            )
+        if key not in LOOP_SCALARS:  # the user's own: loop/<name>
+            if not is_loop_name(name):
+                hint = (
+                    f" (give {name!r} as {name.removeprefix(LOOP_PREFIX)!r}: the store adds "
+                    f"{LOOP_PREFIX!r})"
+                    if name.startswith(LOOP_PREFIX)
+                    else ""
+                )
+                raise InvalidInput(
+                    f"a scalar's name is [A-Za-z_][A-Za-z0-9_.]* of at most {LOOP_NAME_MAX} "
+                    f"characters, not {name!r}{hint}; it is stored as {LOOP_PREFIX}<name> "
+                    f"besides {', '.join(LOOP_SCALARS)} (loss and acc are short for "
+                    "train_loss and train_acc)",
+                    field=name,
+                    allowed=SCALAR_NAMES,
+                )
+            key = LOOP_PREFIX + name
         if key in out:
             raise InvalidInput(f"{key} is given twice ({name!r} is short for it)", field=name)
         if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
             value = value.item()  # a 0-d tensor or numpy scalar
         if isinstance(value, bool) or not isinstance(value, Real):
-            raise InvalidInput(f"a number, not {value!r}", field=name)
+            raise InvalidInput(f"{name}: a number, not {value!r}", field=name)
         out[key] = float(value)
     return out
 

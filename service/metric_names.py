@@ -15,6 +15,7 @@ the names without importing torch.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # The precision check (TrialConfig.precision_check; docs/science.md, "Precision"): at epoch 0 a
@@ -117,6 +118,39 @@ SPECTRUM_KEYS: tuple[str, ...] = (
 # The built-in per-tap metrics: functions of one tap's features that `probe`, and a trial with
 # TrialConfig.tap_metrics, record per block (workers/custom_metrics.py).
 TAP_METRICS: tuple[str, ...] = ("effective_rank", "stable_rank")
+
+# --- the user's own scalars (isosweep.Monitor.record; docs/own-loop.md) ------------------------
+# Any scalar a user's loop records besides the five it shares with isosweep's trials (a learning
+# rate, a clip fraction, tokens seen) is the per-step scalar metric LOOP_PREFIX + its name —
+# `lr=3e-4` → `loop/lr` — one value per record (n = 1) in the metrics table, read as the
+# scalar metrics are. Its name is identifier-like and fits the table's String(64) metric column.
+LOOP_PREFIX = "loop/"
+LOOP_NAME_MAX = 64 - len(LOOP_PREFIX)
+_LOOP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def is_loop_name(name: object) -> bool:
+    """A name a user's scalar may have: [A-Za-z_][A-Za-z0-9_.]*, at most LOOP_NAME_MAX long."""
+    return (
+        isinstance(name, str)
+        and len(name) <= LOOP_NAME_MAX
+        and _LOOP_NAME.fullmatch(name) is not None
+    )
+
+
+def is_loop_scalar(name: object) -> bool:
+    """A user's scalar metric: LOOP_PREFIX + a loop name (`loop/lr`)."""
+    return (
+        isinstance(name, str)
+        and name.startswith(LOOP_PREFIX)
+        and is_loop_name(name[len(LOOP_PREFIX) :])
+    )
+
+
+def is_scalar_metric(name: object) -> bool:
+    """One value per record: one of SCALAR_METRICS, or a user's `loop/` scalar."""
+    return name in SCALAR_METRICS or is_loop_scalar(name)
+
 
 # --- the lab's per-tap metrics (isosweep.register_metric) --------------------------------------
 

@@ -235,9 +235,9 @@ def test_bad_input_is_named(store):
     with pytest.raises(InvalidInput, match="exactly one of client"):
         isosweep.Monitor(model, x, sweep="bad")
     m = isosweep.Monitor(model, x, y=y, store=store, sweep="bad")
-    with pytest.raises(InvalidInput, match="not 'lr'") as e:
-        m.record(0, loss=1.0, lr=0.1)
-    assert "train_loss" in e.value.allowed
+    with pytest.raises(InvalidInput, match="not 'a b'") as e:
+        m.record(0, loss=1.0, **{"a b": 0.1})
+    assert "train_loss" in e.value.allowed and e.value.field == "a b"
     with pytest.raises(InvalidInput, match="integer"):
         m.record(-1, loss=1.0)
     with pytest.raises(InvalidInput, match="a number"):
@@ -264,6 +264,96 @@ def test_the_runner_never_claims_an_external_sweep_and_still_claims_the_others(s
     claimed = store.claim_sweep("runner-1", 60.0)
     assert claimed is not None and claimed.id == queued.id
     assert store.get_sweep(m.sweep_id).status == "running"
+
+
+# --- the loop's own scalars: loop/<name> ------------------------------------------------------
+
+# a learning-rate schedule with values that do not round-trip by accident
+LRS = [3e-4, 3e-4 * 0.9, 1 / 3, 2.5e-5 / 7]
+
+
+def _lr_run(store: Store, sweep: str = "schedule") -> isosweep.Monitor:
+    """Five records with a learning rate and a clip fraction per step (a numpy float32 and a 0-d
+    tensor among them), the last lr NaN: stored, and no divergence."""
+    model, (x, y) = tiny(), batch()
+    m = isosweep.Monitor(model, x, y=y, store=store, sweep=sweep)
+    clips = [np.float32(0.25), torch.tensor(0.5, dtype=torch.float64), 0, 1, 0.75]
+    for step, (lr, clip) in enumerate(zip([*LRS, math.nan], clips, strict=True)):
+        assert m.record(step * 10, loss=1.0, lr=lr, clip_frac=clip) is True
+    return m
+
+
+def test_a_loops_own_scalars_are_stored_as_loop_metrics_and_read_back_exactly(store):
+    m = _lr_run(store)
+    steps, lrs = history(store, m.trial_id, "loop/lr")
+    assert steps.tolist() == [0, 10, 20, 30, 40] and lrs.shape == (5,)
+    assert lrs[:4].tolist() == LRS and math.isnan(lrs[4])  # exact: float64 both ways
+    clips = history(store, m.trial_id, "loop/clip_frac")[1].tolist()
+    assert clips == [float(np.float32(0.25)), 0.5, 0.0, 1.0, 0.75]
+    t = store.get_trial(m.trial_id)  # a NaN learning rate is stored, and is no divergence
+    assert (t.status, t.diverged_epoch, m.diverged) == ("running", None, False)
+    frame = store.read_metrics(m.sweep_id, metrics="loop/lr")  # a scalar in the tidy frame
+    assert frame["metric"].tolist() == ["loop/lr"] * 5 and frame["layer"].isna().all()
+    assert frame["value"].tolist()[:4] == LRS and frame["epoch"].tolist() == [0, 10, 20, 30, 40]
+    everything = store.read_metrics(m.sweep_id, metrics=None, epoch=[10])  # all: theirs too
+    mine = everything[everything["metric"].str.startswith("loop/")]
+    assert sorted(mine["metric"]) == ["loop/clip_frac", "loop/lr"] and mine["layer"].isna().all()
+    assert mine.loc[mine["metric"] == "loop/lr", "value"].tolist() == [LRS[1]]
+    assert len(store.read_metrics(m.sweep_id, metrics=["loop/lr", GAP], layers=[1])) == 5 + 5
+    assert m.last_record is not None and m.last_record["loop/clip_frac"] == 0.75
+    assert m.finish() == "completed"
+
+
+def test_a_loop_scalars_name_and_value_are_checked_naming_the_key(store):
+    model, (x, y) = tiny(), batch()
+    m = isosweep.Monitor(model, x, y=y, store=store, sweep="names")
+    longest = "a" * 59  # loop/ + 59 = the metric column's 64 characters
+    for bad in ("a b", "a" * 60, "1st", "loop/x", "lr-max", ""):
+        with pytest.raises(InvalidInput, match="a scalar's name") as e:
+            m.record(0, loss=1.0, **{bad: 0.1})
+        assert e.value.field == bad
+    with pytest.raises(InvalidInput, match="give 'loop/x' as 'x'"):
+        m.record(0, **{"loop/x": 0.1})
+    for value in ("fast", None, True, [0.1], torch.ones(2)):
+        with pytest.raises(InvalidInput, match="lr: a number") as e:
+            m.record(0, loss=1.0, lr=value)
+        assert e.value.field == "lr"
+    assert history(store, m.trial_id, "train_loss")[0].tolist() == []  # nothing was stored
+    assert m.record(0, loss=1.0, **{longest: 2.0, "opt.beta_2": 0.999, "_n": 7})
+    assert history(store, m.trial_id, f"loop/{longest}")[1].tolist() == [2.0]
+    assert history(store, m.trial_id, "loop/opt.beta_2")[1].tolist() == [0.999]
+    with pytest.raises(InvalidInput, match="loop/<name>") as e:  # straight to the store
+        ext.store_append(store, m.trial_id, {"epoch": 1, "loop/a b": 1.0})
+    assert e.value.field == "record.loop/a b"
+
+
+def test_a_loop_scalar_draws_as_training_curves_and_one_a_sweep_lacks_is_refused(store):
+    import json
+
+    from service.plots.stored import make_plot
+
+    m = _lr_run(store, "curves")
+    chart = json.loads(make_plot(store, m.sweep_id, "training_curves", metric="loop/lr",
+                                 fmt="json"))  # fmt: skip
+    (series,) = [s for panel in chart["panels"] for s in panel["series"]]
+    assert series["x"] == [0, 10, 20, 30, 40] and series["y"] == [*LRS, "NaN"]
+    assert "loop/lr" in chart["panels"][0]["y"]["label"]
+    assert (
+        make_plot(store, m.sweep_id, "training_curves", metric=["train_loss", "loop/lr"])[:4]
+        == b"\x89PNG"
+    )
+    with pytest.raises(InvalidInput, match="does not record 'loop/momentum'") as e:
+        store.read_metrics(m.sweep_id, metrics="loop/momentum")
+    assert e.value.field == "metric" and {"loop/lr", "loop/clip_frac"} <= set(e.value.allowed)
+    with pytest.raises(InvalidInput, match="does not record 'loop/momentum'"):
+        make_plot(store, m.sweep_id, "training_curves", metric="loop/momentum")
+    with pytest.raises(InvalidInput, match="unknown metric 'loop/a b'"):
+        store.read_metrics(m.sweep_id, metrics="loop/a b")
+    normal = store.create_sweep(
+        parse_spec({"name": "runs-here", "parameters": {"depth": 2, "epochs": 0}})
+    )
+    with pytest.raises(InvalidInput, match="does not record 'loop/lr'"):
+        store.read_metrics(normal.id, metrics="loop/lr")
 
 
 # --- a live server ----------------------------------------------------------------------------
@@ -440,6 +530,43 @@ def test_the_routes_answer_409_and_422(live):
         assert h.post("/external/trials/99999/records", json=body).status_code == 404
 
 
+@pytest.mark.slow
+def test_a_loops_own_scalars_through_a_server(live):
+    """lr= through Client and the records route: read back exactly by Client.metrics, compare
+    and the training_curves plot; a NaN one is no divergence; a bad or missing name a 422."""
+    url, _ = live
+    model, (x, y) = tiny(), batch()
+    with isosweep.Client(url, token="") as c:
+        m = isosweep.Monitor(model, x, y=y, client=c, sweep="served-lr")
+        for step, lr in enumerate(LRS):
+            assert m.record(step, loss=1.0, lr=lr)
+        with pytest.raises(InvalidInput, match="give 'loop/lr' as 'lr'"):  # before sending
+            m.record(9, loss=1.0, **{"loop/lr": 0.1})
+        rows = c.metrics(m.sweep_id, metric="loop/lr")
+        assert rows["value"].tolist() == LRS and rows["epoch"].tolist() == [0, 1, 2, 3]
+        assert rows["layer"].isna().all()
+        both = c.compare([m.sweep_id], metric=["loop/lr", "train_loss"], epoch=3)
+        assert both.loc[both["metric"] == "loop/lr", "value"].tolist() == [LRS[3]]
+        chart = c.plot(m.sweep_id, "training_curves", metric="loop/lr", format="json")
+        assert [s["y"] for s in _series(chart)] == [LRS]
+        with pytest.raises(isosweep.ApiError) as e:
+            c.metrics(m.sweep_id, metric="loop/momentum")
+        assert e.value.status == 422 and e.value.field == "metric"
+        assert "loop/lr" in e.value.allowed
+        with pytest.raises(isosweep.ApiError) as e:
+            c.plot(m.sweep_id, "training_curves", metric="loop/momentum")
+        assert e.value.status == 422
+        with pytest.raises(isosweep.ApiError) as e:
+            c.metrics(m.sweep_id, metric="loop/a b")
+        assert e.value.status == 422
+        path = f"{url}/api/v1/external/trials/{m.trial_id}/records"
+        nan = httpx.post(path, json={"step": 4, "record": {"train_loss": 1.0, "loop/lr": "NaN"}})
+        assert nan.status_code == 200 and nan.json()["diverged"] is False
+        bad = httpx.post(path, json={"step": 5, "record": {"loop/a b": 1.0}})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "record.loop/a b"
+        assert m.finish() == "completed"
+
+
 # --- docs/own-loop.md, cell by cell -----------------------------------------------------------
 
 OWN_LOOP = ROOT / "docs" / "own-loop.md"
@@ -493,6 +620,11 @@ def test_the_own_loop_doc_runs_cell_by_cell(served, monkeypatch):
     monitor, reference, both = env["monitor"], env["reference"], env["both"]
     assert env["status"] == "completed" and reference["status"] == "completed"
     assert sorted(env["gaps"]["epoch"].unique()) == [0, 10, 20, 30]
+    lrs = env["lrs"].sort_values("epoch")  # the guide's cosine schedule, as its loop passed it
+    assert lrs["epoch"].tolist() == [0, 10, 20, 30] and lrs["layer"].isna().all()
+    cosine = [3e-3 * (1 + math.cos(math.pi * t / 31)) / 2 for t in (0, 10, 20, 30)]
+    assert lrs["value"].tolist() == pytest.approx(cosine, rel=1e-9)
+    assert lrs["value"].iloc[0] == 3e-3 and monitor.last_record["loop/lr"] == lrs["value"].iloc[-1]
     assert {"token_isometry_gap", "norm_spread", "effective_rank"} <= set(monitor.last_record)
     # the guide's metric at each block of both sweeps, from two real runs
     assert sorted(set(both["sweep_id"])) == sorted([monitor.sweep_id, reference["id"]])

@@ -15,6 +15,7 @@ from markupsafe import Markup, escape
 
 from service.config import FILTER_FIELDS
 from service.errors import InvalidInput
+from service.metric_names import is_loop_scalar
 from service.models import known_metrics
 from service.param_columns import FIELD as PARAMS
 from service.param_columns import canonical, param_of, spec_param_axes
@@ -329,6 +330,10 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def _known(metric: str, known: tuple[str, ...]) -> bool:
+    return metric in known or is_loop_scalar(metric)  # a user's loop/ scalar (own-loop.md)
+
+
 def plot_choice(
     query: Mapping[str, list[str]], swept: Mapping[str, list[Any]], spec: Mapping[str, Any]
 ) -> dict:
@@ -344,7 +349,7 @@ def plot_choice(
         return default_plot(kind, swept, spec)
     choice = {"kind": kind or default_plot(None, swept, spec)["kind"]}
     choice |= {k: param(query, k) for k in PLOT_OPTIONS if param(query, k)}
-    if choice.get("metric") and choice["metric"] not in (known := known_metrics()):
+    if choice.get("metric") and not _known(choice["metric"], known := known_metrics()):
         raise InvalidInput(f"unknown value {choice['metric']!r}", field="metric", allowed=known)
     return choice
 
@@ -436,7 +441,7 @@ def compare_choice(
         raise InvalidInput(f"unknown value {kind!r}", field="kind", allowed=COMPARE_KINDS)
     choice: dict[str, Any] = {"kind": kind}
     choice |= {k: param(query, k) for k in COMPARE_OPTIONS if param(query, k)}
-    if choice.get("metric") and choice["metric"] not in (known := known_metrics()):
+    if choice.get("metric") and not _known(choice["metric"], known := known_metrics()):
         raise InvalidInput(f"unknown value {choice['metric']!r}", field="metric", allowed=known)
     return choice
 

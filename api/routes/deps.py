@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 from api.cache import SingleFlightCache
 from service.config import FILTER_FIELDS, METRICS, TrialConfig
 from service.errors import InvalidInput, StorageError
+from service.metric_names import is_loop_scalar
 from service.models import known_metrics
 from service.param_columns import param_of
 from service.settings import Settings
@@ -28,10 +29,11 @@ Offset = Annotated[int, Query(ge=0, le=INT32_MAX, description="rows to skip")]
 
 
 def _known_metric(name: str) -> str:
-    """A metric name: one of METRICS or a lab's per-tap metric the server registered
-    (service.metric_names), refused as a literal field is (its "did you mean" included)."""
+    """A metric name: one of METRICS, a lab's per-tap metric the server registered or a user's
+    scalar `loop/<name>` (service.metric_names), refused as a literal field is (its "did you
+    mean" included)."""
     known = known_metrics()
-    if name not in known:
+    if name not in known and not is_loop_scalar(name):
         expected = ", ".join(repr(m) for m in known[:-1]) + f" or {known[-1]!r}"
         raise PydanticCustomError(
             "literal_error", "Input should be {expected}", {"expected": expected}
@@ -39,7 +41,8 @@ def _known_metric(name: str) -> str:
     return name
 
 
-# The document lists the built-in names; a lab's registered ones are accepted too (docs/probe.md).
+# The document lists the built-in names; a lab's registered ones (docs/probe.md) and a user's
+# `loop/<name>` scalars (docs/own-loop.md) are accepted too.
 MetricName = Annotated[
     str,
     AfterValidator(_known_metric),

@@ -4,7 +4,7 @@ symbols."""
 from __future__ import annotations
 
 from service.config import METRICS
-from service.metric_names import PRECISION_CHECKED_LAYERS, PRECISION_PREFIX
+from service.metric_names import PRECISION_CHECKED_LAYERS, PRECISION_PREFIX, is_loop_scalar
 
 _GAP = "log(mean λ) − mean(log λ)"
 
@@ -69,9 +69,12 @@ for _metric, _text in list(METRIC_LABELS.items()):  # docs/science.md, "Precisio
 
 
 class _Labels(dict[str, str]):
-    """The labels; a lab's registered per-tap metric (docs/probe.md) is labelled by its name."""
+    """The labels; a lab's registered per-tap metric (docs/probe.md) and a user's loop/ scalar
+    (docs/own-loop.md) are labelled by their names."""
 
     def __missing__(self, metric: str) -> str:
+        if is_loop_scalar(metric):
+            return f"{metric} (recorded by your training loop)"
         return f"{metric} (a per-tap metric the server registered)"
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from service.config import LAYER_METRICS
 from service.errors import InvalidInput
+from service.metric_names import is_loop_scalar
 from service.models import is_layer_metric as _is_layer_metric
 from service.models import known_metrics
 from service.param_columns import FIELD as PARAMS
@@ -62,7 +63,10 @@ def check_choice(value: object, allowed: Sequence[str], field: str) -> None:
 
 
 def check_metric(metric: str, allowed: Sequence[str] | None = None) -> None:
-    """`metric` among `allowed` (default: METRICS and a lab's per-tap metrics)."""
+    """`metric` among `allowed` (default: METRICS, a lab's per-tap metrics and a user's
+    `loop/` scalars)."""
+    if allowed is None and is_loop_scalar(metric):
+        return
     check_choice(metric, known_metrics() if allowed is None else allowed, "metric")
 
 

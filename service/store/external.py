@@ -23,7 +23,10 @@ the 2-D arrays of service.config.SPECTRUM_KEYS, e.g. attention_entropy_heads), w
 idempotently by step: the same step with the same values again is a no-op, different values for
 a stored step are a Conflict (409), a step below the last stored one an InvalidInput (422). A
 record whose user scalars (train_loss, …) are not finite is stored with `diverged: true` and
-ends the trial as `diverged` (a divergence is a result).
+ends the trial as `diverged` (a divergence is a result). The user's own scalars, `loop/<name>`
+(service.metric_names.is_loop_scalar; Monitor.record's other keywords), are stored as scalar
+metrics too; a non-finite one is stored as it is and is no divergence (a learning rate does not
+diverge).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from service.store.trials import trial_info
 
 EXTERNAL_MODEL = "external"
 HASH_PREFIX = "external:"
-# The scalars a user's loop reports (Monitor.record's keywords); a non-finite one is divergence.
+# The scalars a user's loop reports that isosweep's trials record too (Monitor.record's named
+# keywords); a non-finite one is divergence. Any other is the user's own, loop/<name>.
 LOOP_SCALARS = ("train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s")
 MAX_NAME = 200
 

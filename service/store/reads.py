@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Select, func, select
+from sqlalchemy import ColumnElement, Select, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from service.config import SCALAR_METRICS
 from service.errors import InvalidInput, LimitExceeded, NotFound
-from service.models import known_metrics
+from service.metric_names import LOOP_PREFIX, is_loop_scalar, is_scalar_metric
+from service.models import EXTERNAL, known_metrics
 from service.param_columns import config_columns
 from service.spec import swept_fields_of
 from service.store import codec
@@ -30,18 +31,20 @@ EpochFilter = int | list[int] | str | None
 
 
 def check_metrics(metrics: str | list[str] | None) -> list[str]:
-    """The metric names asked for (all when None).
+    """The metric names asked for (all known ones when None; a read of all metrics adds the
+    user's `loop/` scalars it finds).
 
     Raises:
         InvalidInput: an unknown name, listing service.config.METRICS and the lab's registered
-            per-tap metrics (service.models.known_metrics).
+            per-tap metrics (service.models.known_metrics); a user's scalar `loop/<name>`
+            (service.metric_names.is_loop_scalar) is a known name.
     """
     known = known_metrics()
     if metrics is None:
         return list(known)
     names = [metrics] if isinstance(metrics, str) else list(metrics)
     for m in names:
-        if m not in known:
+        if m not in known and not is_loop_scalar(m):
             raise InvalidInput(f"unknown metric {m!r}", field="metrics", allowed=known)
     return names
 
@@ -94,7 +97,7 @@ def read_metrics(
         .order_by(SqlTrial.id)
     ).all()
     sources = select(source).where(SqlTrial.sweep_id == sweep_id, *conds)
-    q = _metric_query(sources, names, epochs)
+    q = _metric_query(sources, names, epochs, loop=metrics is None)
     _check_points(s, q, layer_list, max_points)
     rows = s.execute(
         q.add_columns(
@@ -157,9 +160,13 @@ def check_sweep_has(
     ]
     if metrics:
         have = {m for c, _ in configs for m in layer_metrics(c)} | set(SCALAR_METRICS)
+        if asked := [m for m in metrics if is_loop_scalar(m)]:  # a user's: is it stored?
+            have |= _loop_scalars(s, sweep_id, asked)
         for m in metrics:
             if m not in have:
                 allowed = [x for x in known_metrics() if x in have]
+                if any(c.model == EXTERNAL.name for c, _ in configs):  # only these record them
+                    allowed += sorted(_loop_scalars(s, sweep_id, None))
                 raise InvalidInput(
                     f"sweep {sweep_id} does not record {m!r}", field="metric", allowed=allowed
                 )
@@ -180,9 +187,28 @@ def check_sweep_has(
             )
 
 
-def _metric_query(sources: Select, names: list[str], epochs: list[int] | str | None) -> Select:
+def _loop_scalars(s: Session, sweep_id: int, names: list[str] | None) -> set[str]:
+    """The user's `loop/` scalars some trial of the sweep has stored: of `names`, or all."""
+    sources = select(func.coalesce(SqlTrial.results_from, SqlTrial.id)).where(
+        SqlTrial.sweep_id == sweep_id
+    )
+    q = select(SqlMetric.metric).where(SqlMetric.trial_id.in_(sources)).distinct()
+    if names is None:
+        q = q.where(SqlMetric.metric.startswith(LOOP_PREFIX, autoescape=True))
+    else:
+        q = q.where(SqlMetric.metric.in_(names))
+    return set(s.scalars(q))
+
+
+def _metric_query(
+    sources: Select, names: list[str], epochs: list[int] | str | None, *, loop: bool = False
+) -> Select:
+    """The rows of `names` (with `loop`, every `loop/` scalar too) at `epochs`."""
     q = select().select_from(SqlMetric).where(SqlMetric.trial_id.in_(sources))
-    q = q.where(SqlMetric.metric.in_(names))
+    wanted: ColumnElement[bool] = SqlMetric.metric.in_(names)
+    if loop:
+        wanted = or_(wanted, SqlMetric.metric.startswith(LOOP_PREFIX, autoescape=True))
+    q = q.where(wanted)
     if epochs == "last":  # each (source) trial's highest stored epoch
         owner = aliased(SqlTrial)
         q = q.join(owner, owner.id == SqlMetric.trial_id).where(SqlMetric.epoch == owner.last_epoch)
@@ -202,7 +228,7 @@ def _check_points(s: Session, q: Select, layers: list[int] | None, max_points: i
     wanted = np.sort(np.unique(layers)) if layers is not None else None
     points = 0
     for metric, n, rows in by_length:
-        if wanted is not None and metric not in SCALAR_METRICS:
+        if wanted is not None and not is_scalar_metric(metric):
             points += rows * int(np.searchsorted(wanted, n, side="right"))  # layers 1..n kept
         else:
             points += rows * int(n)
@@ -224,7 +250,7 @@ def _tidy(
     values = codec.decode_many([r.data for r in rows])  # (V,)
     starts = np.cumsum(n) - n
     layer = np.arange(len(values)) - np.repeat(starts, n) + 1  # ℓ = 1..n within each row
-    scalar_row = np.array([r.metric in SCALAR_METRICS for r in rows], dtype=bool)
+    scalar_row = np.array([is_scalar_metric(r.metric) for r in rows], dtype=bool)
     scalar = np.repeat(scalar_row, n)
     keep = scalar | np.isin(layer, layers) if layers is not None else np.ones(len(values), bool)
     src_of = {t[1]: i for i, t in enumerate(trials)}  # source trial id → row of `trials`
@@ -259,7 +285,7 @@ def trial_history(
     rows = s.execute(q.add_columns(SqlMetric.epoch, SqlMetric.data).order_by(SqlMetric.epoch)).all()
     epochs = np.array([r.epoch for r in rows], dtype=np.int64)  # (E,)
     values = codec.decode_many([r.data for r in rows])
-    if metric not in SCALAR_METRICS:  # a per-layer metric (check_metrics knows it)
+    if not is_scalar_metric(metric):  # a per-layer metric (check_metrics knows it)
         return epochs, values.reshape(len(rows), t.depth)  # (E, L)
     return epochs, values  # (E,)
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from service import jsonfmt
 from service.config import LAYER_METRICS, RECORD_KEYS, SCALAR_METRICS, SPECTRUM_KEYS
 from service.errors import Conflict, InvalidInput, NotFound
+from service.metric_names import LOOP_NAME_MAX, LOOP_PREFIX, is_scalar_metric
 from service.models import is_layer_metric, known_metrics
 from service.store import codec, spectra
 from service.store.models import SqlArtifact, SqlMetric, SqlTrial
@@ -36,6 +37,9 @@ def write_records(s: Session, batch: list[tuple[int, dict[str, Any]]]) -> None:
     known = known_metrics()  # METRICS and the lab's per-tap metrics
     artifacts: list[dict[str, Any]] = []
     arrays: list[dict[str, Any]] = []  # the spectra table's rows (service.store.spectra)
+    # An epoch written again loses the known metrics it no longer has; a user's loop/ scalars
+    # (external trials, whose stored steps are never rewritten: service/store/external.py) are
+    # not listed here.
     for (tid, epoch), record in latest.items():
         t = trials[tid]
         found = _metric_rows(record, t, epoch)
@@ -91,15 +95,21 @@ def _metric_rows(record: dict[str, Any], t: SqlTrial, epoch: int) -> list[dict[s
     for key, value in record.items():
         if key in RECORD_KEYS or key in SPECTRUM_KEYS:  # SPECTRUM_KEYS: service.store.spectra
             continue
-        if key in SCALAR_METRICS:
+        if is_scalar_metric(key):  # SCALAR_METRICS, or a user's loop/<name> (metric_names)
             data = codec.encode(_scalar(key, value))
         elif key in LAYER_METRICS or is_layer_metric(key):  # is_layer_metric: a lab's metric
             data = codec.encode(_vector(key, value, t.depth))
+        elif key.startswith(LOOP_PREFIX):
+            raise InvalidInput(
+                f"a user's scalar is {LOOP_PREFIX}<name>, a name [A-Za-z_][A-Za-z0-9_.]* of at "
+                f"most {LOOP_NAME_MAX} characters",
+                field=f"record.{key}",
+            )
         else:
             raise InvalidInput(
                 "unknown metric",
                 field=f"record.{key}",
-                allowed=(*known_metrics(), *RECORD_KEYS, *SPECTRUM_KEYS),
+                allowed=(*known_metrics(), f"{LOOP_PREFIX}<name>", *RECORD_KEYS, *SPECTRUM_KEYS),
             )
         rows.append(
             {"trial_id": t.id, "metric": key, "epoch": epoch, "n": len(data) // 8, "data": data}
