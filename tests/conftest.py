@@ -4,6 +4,7 @@ ISOSWEEP_REQUIRE_BROWSER=1, set by .ci/run; support.require reads them)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
 from pathlib import Path
@@ -129,7 +130,13 @@ def postgres_url(_postgres_database):
     )
     conn.execute("DROP SCHEMA public CASCADE")
     conn.execute("CREATE SCHEMA public")
-    return url
+    # A URL of this test's own, as a database of its own had: what a process caches per
+    # database URL (the cost model's measured throughput, the overlay's predictions per trial
+    # id) must not carry over from the previous test's rows.
+    return f"{url}?application_name=isosweep_test_{next(_TEST_NUMBERS)}"
+
+
+_TEST_NUMBERS = itertools.count(1)
 
 
 @pytest.fixture
