@@ -51,6 +51,21 @@ def session_pids(sid: int) -> list[int]:
     return found
 
 
+def run_alembic(database_url: str, action: str, revision: str) -> None:
+    """alembic `action` ("upgrade", "downgrade") to `revision` on the database, one transaction."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from service.store.engine import alembic_config
+
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            getattr(command, action)(alembic_config(conn), revision)
+    finally:
+        engine.dispose()
+
+
 def store_trial_at_revision(database_url: str, revision: str, config: dict) -> None:
     """Migrate an empty database to `revision` and store one completed trial (id 1, sweep 1) whose
     config columns and stored config are `config`: a row as a server at that revision wrote it,
@@ -58,17 +73,13 @@ def store_trial_at_revision(database_url: str, revision: str, config: dict) -> N
     import json
 
     from alembic import command
-    from alembic.config import Config
     from sqlalchemy import create_engine, text
 
-    from service.store.engine import MIGRATIONS
+    from service.store.engine import alembic_config
 
     engine = create_engine(database_url)
     with engine.begin() as conn:
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS))
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        command.upgrade(alembic_config(conn), revision)
         conn.execute(
             text(
                 "INSERT INTO sweeps (id, name, tags, spec, status, priority, cancel_requested,"

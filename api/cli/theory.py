@@ -296,9 +296,8 @@ def run_predict(args: argparse.Namespace) -> int:
 
 
 def _stored_prediction(args: argparse.Namespace):
-    """(config, prediction) of `theory predict --trial ID`: the trial's own config on its stored
-    input kernel (service.plots.overlay.stored_input_kernel; a transformer's on orthonormal
-    tokens, as the overlay does).
+    """(config, prediction) of `theory predict --trial ID`: what the overlay predicts for the
+    trial (service.plots.overlay.stored_prediction: its config on its stored input kernel).
 
     Raises:
         InvalidInput: --set or --inputs beside --trial, or a trial without a stored input Gram.
@@ -306,8 +305,7 @@ def _stored_prediction(args: argparse.Namespace):
     """
     from api.cli.run import open_store
     from service.config import parse_trial_config
-    from service.plots.overlay import stored_input_kernel
-    from service.theory import predict
+    from service.plots.overlay import stored_prediction
 
     for flag in ("overrides", "inputs"):
         if getattr(args, flag):
@@ -319,18 +317,15 @@ def _stored_prediction(args: argparse.Namespace):
     store = open_store(args.database_url)
     try:
         trial = store.get_trial(args.trial)
-        config = parse_trial_config(dict(trial.config))
-        kernel = None if config.model == "transformer" else stored_input_kernel(store, trial.id)
+        prediction = stored_prediction(store, trial, samples=args.samples)
     finally:
         store.close()
-    if kernel is None and config.model != "transformer":
+    if prediction is None:
         raise InvalidInput(
             f"trial {trial.id} has no input Gram stored yet (it is recorded with epoch 0)",
             field="trial",
         )
-    if config.model == "transformer":
-        return config, predict(config, gradients=False, samples=args.samples)
-    return config, predict(config, input_kernel=kernel, samples=args.samples)
+    return parse_trial_config(dict(trial.config)), prediction
 
 
 def shown_coefficients(coefficients: list[float], moments: dict[str, float]) -> list[float]:

@@ -211,21 +211,29 @@ def trial_prediction(store: Store, trial: TrialInfo, metric: str) -> np.ndarray 
             _CACHE.move_to_end(key)
             got = _CACHE[key]
             return None if got is None else _value(got, metric)
-    from service.theory.predict import predict
-
-    c = parse_trial_config(dict(trial.config))
-    if c.model == "transformer":
-        got = predict(c, gradients=False)
-    else:
-        K = stored_input_kernel(store, trial.id)
-        if K is None:
-            return None  # not cached: the Gram may arrive later
-        got = predict(c, input_kernel=K, gradients=grad)
+    got = stored_prediction(store, trial, gradients=grad)
+    if got is None:
+        return None  # not cached: the Gram may arrive later
     with _LOCK:
         _CACHE[key] = got
         while len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return _value(got, metric)
+
+
+def stored_prediction(
+    store: Store, trial: TrialInfo, *, gradients: bool = True, **kw: Any
+) -> dict[str, Any] | None:
+    """predict of a stored trial: its own config on its stored input kernel (a transformer's on
+    orthonormal tokens, without gradients: the uniform limit does not give them); None while
+    its input Gram is not stored (it is recorded with epoch 0). `kw`: predict's samples, seed."""
+    from service.theory.predict import predict
+
+    c = parse_trial_config(dict(trial.config))
+    if c.model == "transformer":
+        return predict(c, gradients=False, **kw)
+    K = stored_input_kernel(store, trial.id)
+    return None if K is None else predict(c, input_kernel=K, gradients=gradients, **kw)
 
 
 class _NoPrediction(Exception):

@@ -154,6 +154,15 @@ def _reason(exc: SQLAlchemyError) -> str:
     return str(orig if orig is not None else exc).strip().splitlines()[0]
 
 
+def alembic_config(connection: Any = None) -> Config:
+    """Alembic's config of the project's revisions (MIGRATIONS), run on `connection` if given."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
 def migrate(engine: Engine, *, replay: bool = False) -> None:
     """Bring the schema to the newest Alembic revision, in one transaction.
 
@@ -168,8 +177,7 @@ def migrate(engine: Engine, *, replay: bool = False) -> None:
     Raises:
         StorageError: the database is unreachable or a migration failed (rolled back).
     """
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg = alembic_config()
     try:
         with engine.execution_options(**{WRITE: True}).connect() as conn, conn.begin():
             if conn.dialect.name == "postgresql":

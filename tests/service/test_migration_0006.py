@@ -4,27 +4,12 @@ untouched; downgrading to 0005 removes that table and nothing else. On SQLite an
 
 from __future__ import annotations
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import create_engine, inspect, text
-from support import store_trial_at_revision
+from support import run_alembic, store_trial_at_revision
 
 from service.config import TrialConfig
 from service.store import Store
-from service.store.engine import MIGRATIONS
 from service.store.logins import LoginSessions
-
-
-def _alembic(database_url: str, action: str, revision: str) -> None:
-    engine = create_engine(database_url)
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS))
-            cfg.attributes["connection"] = conn
-            getattr(command, action)(cfg, revision)
-    finally:
-        engine.dispose()
 
 
 def _tables(database_url: str) -> set[str]:
@@ -57,7 +42,7 @@ def test_0006_upgrades_from_0005_and_downgrades_back(database_url):
             stored = conn.execute(text("SELECT key_hash FROM login_sessions")).scalar()
             assert stored != key and len(stored) == 64  # only the key's SHA-256
     assert _tables(database_url) == at_0005 | {"login_sessions"}
-    _alembic(database_url, "downgrade", "0005")
+    run_alembic(database_url, "downgrade", "0005")
     assert _tables(database_url) == at_0005
     with Store(database_url) as store:  # and up again, empty
         assert LoginSessions(store).list() == []

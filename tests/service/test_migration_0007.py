@@ -4,14 +4,11 @@ SQL; downgrading to 0006 drops the column and nothing else. On SQLite and Postgr
 
 from __future__ import annotations
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import create_engine, inspect
-from support import store_trial_at_revision
+from support import run_alembic, store_trial_at_revision
 
 from service.config import TrialConfig
 from service.store import Store
-from service.store.engine import MIGRATIONS
 
 
 def _columns(database_url: str) -> set[str]:
@@ -36,13 +33,5 @@ def test_rows_before_0007_read_as_run_without_the_check(database_url):
         assert store.list_trials(1, where={"precision_check": False})[1] == 1
         assert store.list_trials(1, where={"precision_check": True})[1] == 0
     assert _columns(database_url) == before | {"precision_check", "tap_metrics"}
-    engine = create_engine(database_url)
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS))
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, "0006")
-    finally:
-        engine.dispose()
+    run_alembic(database_url, "downgrade", "0006")
     assert _columns(database_url) == before

@@ -4,14 +4,11 @@ SQL; downgrading to 0007 drops the column and nothing else. On SQLite and Postgr
 
 from __future__ import annotations
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import create_engine, inspect
-from support import store_trial_at_revision
+from support import run_alembic, store_trial_at_revision
 
 from service.config import TrialConfig
 from service.store import Store
-from service.store.engine import MIGRATIONS
 
 
 def _columns(database_url: str) -> set[str]:
@@ -35,13 +32,5 @@ def test_rows_before_0008_read_as_run_without_the_tap_metrics(database_url):
         assert store.list_trials(1, where={"tap_metrics": False})[1] == 1
         assert store.list_trials(1, where={"tap_metrics": True})[1] == 0
     assert _columns(database_url) == before | {"tap_metrics"}
-    engine = create_engine(database_url)
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS))
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, "0007")
-    finally:
-        engine.dispose()
+    run_alembic(database_url, "downgrade", "0007")
     assert _columns(database_url) == before

@@ -4,14 +4,11 @@ SQLite and Postgres."""
 
 from __future__ import annotations
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import create_engine, inspect
-from support import store_trial_at_revision
+from support import run_alembic, store_trial_at_revision
 
 from service.config import TrialConfig
 from service.store import Store
-from service.store.engine import MIGRATIONS
 
 BACKFILLED = {
     "dtype", "norm_eps", "bias_init", "orthogonal_gain", "input_norm", "spectra",
@@ -39,13 +36,5 @@ def test_the_backfill_defaults_are_dropped_and_rows_read_the_same(database_url):
         assert store.list_trials(1, where={"residual_scale": 0.5})[1] == 1
     after = _defaults(database_url)
     assert all(after[name] is None for name in BACKFILLED)
-    engine = create_engine(database_url)
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS))
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, "0008")
-    finally:
-        engine.dispose()
+    run_alembic(database_url, "downgrade", "0008")
     assert _defaults(database_url) == before

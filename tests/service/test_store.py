@@ -8,7 +8,6 @@ from typing import get_args
 
 import pytest
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
@@ -71,13 +70,11 @@ def test_a_new_store_is_at_the_newest_revision(database_url):
     """The schema created at once is stamped at head: a later migration starts from there."""
     from alembic.script import ScriptDirectory
 
-    from service.store.engine import MIGRATIONS
+    from service.store.engine import alembic_config
 
     with Store(database_url) as store, store.engine.connect() as conn:
         (stamped,) = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    assert stamped == ScriptDirectory.from_config(config).get_current_head()
+    assert stamped == ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def test_every_config_field_has_a_trial_column():

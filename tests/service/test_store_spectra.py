@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from records import bits, record
 from sqlalchemy import func, select
+from support import run_alembic
 
 from service import config
 from service.config import METRICS
@@ -199,27 +200,16 @@ def test_deleting_a_sweep_cascades(store):
 
 
 def test_migration_0003_adds_and_removes_only_the_spectra_table(database_url):
-    from alembic import command
-    from alembic.config import Config
     from sqlalchemy import create_engine, inspect
-
-    from service.store.engine import MIGRATIONS
 
     Store(database_url).close()  # at head
     engine = create_engine(database_url)
-
-    def downgrade(revision: str) -> None:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(MIGRATIONS))
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, revision)
-
     try:
-        downgrade("0003")  # later migrations add tables of their own (0006: login sessions)
+        # later migrations add tables of their own (0006: login sessions)
+        run_alembic(database_url, "downgrade", "0003")
         before = set(inspect(engine).get_table_names())
         assert "spectra" in before
-        downgrade("0002")
+        run_alembic(database_url, "downgrade", "0002")
         assert set(inspect(engine).get_table_names()) == before - {"spectra"}
     finally:
         engine.dispose()
