@@ -1,10 +1,12 @@
 """One bound, for the whole process, on the heavy reads: metric frames (JSON, CSV, Parquet) and
 plots. At most Settings.max_heavy_reads of them compute at once, each on a worker thread of
 their own pool (never on the event loop, never in the threadpool the light routes share), so
-/healthz, status and paging answer while they run. One more is a 503 with Retry-After at once,
-not a queue that grows with the load. A plot that takes over Settings.plot_timeout_s is a 504;
-its work goes on in the background, still counted against the bound, and lands in the read
-cache for the retry.
+/healthz, status and paging answer while they run. Up to Settings.heavy_read_queue more wait
+for a slot, first come first served (a dashboard page asks for several charts at once, and a
+burst of them should be answered late rather than refused); past that, a 503 with Retry-After
+at once, not a queue that grows with the load. A plot that takes over Settings.plot_timeout_s
+(waiting included) is a 504; its work goes on in the background, still counted against the
+bound, and lands in the read cache for the retry.
 
 Throttles (`Throttle`): failed logins per client address and in all (the login form and wrong
 bearer tokens, api/guards.py and api/dashboard/login.py: a 429 with Retry-After, nothing
@@ -43,7 +45,7 @@ LIGHT_ROWS = 10_000  # a cached frame this small is served without a slot
 BUSY_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: {
         "description": "the database is unreachable, or ISOSWEEP_MAX_HEAVY_READS heavy reads "
-        "are running (then with Retry-After)"
+        "are running and ISOSWEEP_HEAVY_READ_QUEUE more are waiting (then with Retry-After)"
     },
 }
 PLOT_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -69,30 +71,35 @@ MALLOC_TRIM = _malloc_trim()
 
 
 class HeavyReads:
-    """At most `limit` heavy reads at once, on a pool of `limit` threads."""
+    """At most `limit` heavy reads compute at once (slots), on a pool of `limit` threads; up to
+    `queue` more wait for a slot in the pool's queue; one more is refused (503)."""
 
-    def __init__(self, limit: int, plot_timeout_s: float):
-        self.limit = limit
+    def __init__(self, limit: int, plot_timeout_s: float, queue: int = 0):
+        self.limit, self.queue = limit, queue
         self.plot_timeout_s = plot_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="isosweep-heavy")
+        self._slots = threading.Semaphore(limit)  # held while computing (or streaming)
         self._lock = threading.Lock()
-        self.running = 0
+        self.admitted = 0  # computing, streaming, or waiting for a slot
         self.refused = 0  # 503s so far (tests count them)
         self.trims = 0  # malloc_trim calls so far
 
-    def admit(self) -> Callable[[], None]:
-        """Take a slot, or raise the 503. Returns the slot's release (idempotent)."""
+    def _refuse(self) -> HTTPException:
+        self.refused += 1
+        return HTTPException(
+            503,
+            f"the server is busy: {self.limit} heavy reads (metrics, CSV, Parquet, plots) are "
+            f"running and {self.queue} more waiting, the most ISOSWEEP_MAX_HEAVY_READS and "
+            f"ISOSWEEP_HEAVY_READ_QUEUE allow; retry after {RETRY_AFTER_S} s",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    def _enter(self, *, wait: bool) -> Callable[[], None]:
+        """Count one admitted read, or raise the 503. Returns its release (idempotent)."""
         with self._lock:
-            if self.running >= self.limit:
-                self.refused += 1
-                raise HTTPException(
-                    503,
-                    f"the server is busy: {self.limit} heavy reads (metrics, CSV, Parquet, "
-                    f"plots) are running, the most ISOSWEEP_MAX_HEAVY_READS allows; retry after "
-                    f"{RETRY_AFTER_S} s",
-                    headers={"Retry-After": str(RETRY_AFTER_S)},
-                )
-            self.running += 1
+            if self.admitted >= self.limit + (self.queue if wait else 0):
+                raise self._refuse()
+            self.admitted += 1
         released = threading.Event()
 
         def release() -> None:
@@ -100,25 +107,48 @@ class HeavyReads:
                 if released.is_set():
                     return
                 released.set()
-                self.running -= 1
-                idle = self.running == 0
+                self.admitted -= 1
+                idle = self.admitted == 0
             if idle and MALLOC_TRIM is not None:
                 MALLOC_TRIM()
                 self.trims += 1
 
         return release
 
+    def admit(self) -> Callable[[], None]:
+        """A slot now, for work that runs outside the pool (a streamed CSV), or the 503.
+        Returns the slot's release (idempotent)."""
+        leave = self._enter(wait=False)
+        if not self._slots.acquire(blocking=False):  # every slot computing: no waiting here
+            leave()
+            with self._lock:
+                raise self._refuse()
+        released = threading.Event()
+
+        def release() -> None:
+            if not released.is_set():
+                released.set()
+                self._slots.release()
+                leave()
+
+        return release
+
     async def run(
         self, fn: Callable[[], T], *, timeout_s: float | None = None, what: str = "the read"
     ) -> T:
-        """fn() on a heavy-read worker, in a slot it holds until fn returns."""
-        release = self.admit()
+        """fn() on a heavy-read worker, once a slot is free (waiting in the queue until then)."""
+        leave = self._enter(wait=True)
+
+        def in_slot() -> T:
+            with self._slots:  # a pool thread waits here only while a stream holds a slot
+                return fn()
+
         try:
-            job = self._pool.submit(fn)
+            job = self._pool.submit(in_slot)
         except BaseException:
-            release()
+            leave()
             raise
-        job.add_done_callback(lambda _: release())
+        job.add_done_callback(lambda _: leave())
         return await self.wait(job, timeout_s, what)
 
     async def wait(self, job: Future, timeout_s: float | None, what: str) -> Any:
@@ -160,7 +190,9 @@ class HeavyReads:
 
 
 def make_heavy_reads(settings: Settings) -> HeavyReads:
-    return HeavyReads(settings.max_heavy_reads, settings.plot_timeout_s)
+    return HeavyReads(
+        settings.max_heavy_reads, settings.plot_timeout_s, queue=settings.heavy_read_queue
+    )
 
 
 async def get_heavy_reads(request: Request) -> HeavyReads:

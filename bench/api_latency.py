@@ -22,7 +22,9 @@ compare across machines. Targets: status p99 ≤ 50 ms on the completed sweep, s
 bounded number of requests mixing plots, metrics JSON, CSV and healthz, against a server with
 the heavy-read limit off (a limit above the client count) and then on (the settings' default),
 in the same process; it prints plot p99/max, healthz p99, the server's peak and final RSS, and
-the on/off ratios. `--phase submit` posts six 5,000-trial, 100,000-epoch specs at once.
+the on/off ratios; `--plots page` asks for the plots as the dashboard does (chart data as JSON,
+one in four a PNG download) instead of every one as a PNG. `--phase submit` posts six
+5,000-trial, 100,000-epoch specs at once.
 """
 
 from __future__ import annotations
@@ -170,6 +172,12 @@ def main() -> int:
     ap.add_argument("--database-url", help="default: a fresh SQLite file")
     ap.add_argument("--phase", choices=["polling", "mixed", "submit"], default="polling")
     ap.add_argument("--requests", type=int, default=8, help="per client (mixed)")
+    ap.add_argument(
+        "--plots",
+        choices=["png", "page"],
+        default="png",
+        help="mixed: every plot a PNG, or as the dashboard asks (chart JSON, one in 4 a PNG)",
+    )
     ap.add_argument("--before-tree", type=Path, help="mixed, submit: also serve this checkout")
     args = ap.parse_args()
     if args.phase != "polling":

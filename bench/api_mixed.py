@@ -8,7 +8,9 @@ loopback client threads, each making --requests requests and stopping: plots (la
 heatmap, depth_scaling, each a different cache key), metrics JSON and CSV (every fourth one the
 whole sweep, the others one seed) and GET /healthz in between. The first server has the
 heavy-read limit off (ISOSWEEP_MAX_HEAVY_READS above the client count, no plot time limit);
-the second runs with the settings' defaults. A client waits out a 503's Retry-After and asks
+the second runs with the settings' defaults. With --plots page the plots are asked as the
+dashboard asks them (chart data, format=json, and one in four a PNG download); otherwise every
+one is a PNG. A client waits out a 503's Retry-After and asks
 again, so a latency is the time to the final answer. Prints, for each, plot p99 / max, healthz
 p99 / max, the answers by status, the server's peak RSS (VmHWM) and its RSS 5 s after the
 load, and the on/off ratios.
@@ -58,8 +60,8 @@ def rss_kb(pid: int, field: str = "VmRSS") -> int:
     return 0
 
 
-def request_of(sweep_id: int, j: int) -> tuple[str, str, dict[str, Any]]:
-    """The j-th request of the mix: (kind, path, params)."""
+def request_of(sweep_id: int, j: int, page: bool = False) -> tuple[str, str, dict[str, Any]]:
+    """The j-th request of the mix: (kind, path, params); `page`: plots as the dashboard asks."""
     base = f"/sweeps/{sweep_id}"
     slot = j % 8
     if slot % 2 == 1:
@@ -70,7 +72,8 @@ def request_of(sweep_id: int, j: int) -> tuple[str, str, dict[str, Any]]:
     if slot == 4:
         return "csv", f"{base}/metrics", {**one_seed, "format": "csv"}
     kind = KINDS[(j // 8) % 3]
-    params: dict[str, Any] = {"seed": j % 10, "format": "png"}
+    image = not page or (j // 8) % 4 == 3
+    params: dict[str, Any] = {"seed": j % 10, "format": "png" if image else "json"}
     if kind == "layer_profile":
         params["epoch"] = (j // 8) % 11
     if kind == "heatmap":  # a cell per (depth, activation)
@@ -95,7 +98,9 @@ def get_retrying(c: httpx.Client, path: str, params: dict) -> Any:
     return "503+"
 
 
-def mixed_load(base: str, sweep_id: int, clients: int, requests: int) -> dict[str, list]:
+def mixed_load(
+    base: str, sweep_id: int, clients: int, requests: int, page: bool
+) -> dict[str, list]:
     """kind → [(seconds, status)], every client making `requests` requests."""
     out: dict[str, list] = {k: [] for k in ("plot", "metrics", "csv", "healthz")}
     lock = threading.Lock()
@@ -103,7 +108,7 @@ def mixed_load(base: str, sweep_id: int, clients: int, requests: int) -> dict[st
     def client(k: int) -> None:
         with httpx.Client(base_url=base, timeout=600) as c:
             for i in range(requests):
-                kind, path, params = request_of(sweep_id, k * requests + i)
+                kind, path, params = request_of(sweep_id, k * requests + i, page)
                 start = time.perf_counter()
                 status = get_retrying(c, path, params)
                 with lock:
@@ -118,7 +123,13 @@ def mixed_load(base: str, sweep_id: int, clients: int, requests: int) -> dict[st
 
 
 def one_run(
-    url: str, sweep_id: int, clients: int, requests: int, env: dict, root: Path = ROOT
+    url: str,
+    sweep_id: int,
+    clients: int,
+    requests: int,
+    page: bool,
+    env: dict,
+    root: Path = ROOT,
 ) -> dict:
     port = free_port()
     server = start_server(url, port, env, root)
@@ -126,7 +137,8 @@ def one_run(
         start_kb = rss_kb(server.pid)
         begun = time.perf_counter()
         RETRIES.clear()
-        answers = mixed_load(f"http://127.0.0.1:{port}/api/v1", sweep_id, clients, requests)
+        base = f"http://127.0.0.1:{port}/api/v1"
+        answers = mixed_load(base, sweep_id, clients, requests, page)
         wall = time.perf_counter() - begun
         peak_kb = rss_kb(server.pid, "VmHWM")
         time.sleep(SETTLE_S)
@@ -175,8 +187,11 @@ def mixed(args: Any) -> int:
             t0 = time.perf_counter()
             sweep_id = completed_sweep(store)
             print(f"stored a 200-trial sweep in {time.perf_counter() - t0:.1f} s ({url})")
-        print(f"{clients} clients × {args.requests} requests (plots, metrics, CSV, healthz)")
-        load = (url, sweep_id, clients, args.requests)
+        plots = "chart JSON, 1 in 4 PNG" if args.plots == "page" else "PNG"
+        print(
+            f"{clients} clients × {args.requests} requests ({plots} plots, metrics, CSV, healthz)"
+        )
+        load = (url, sweep_id, clients, args.requests, args.plots == "page")
         before = None
         if args.before_tree:
             before = print_run(f"before ({args.before_tree})", one_run(*load, {}, args.before_tree))

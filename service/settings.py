@@ -58,10 +58,12 @@ class Settings(BaseSettings):
     # Bounds on reads and requests.
     max_points: int = Field(2_000_000, ge=1)  # most values one metrics query may return
     max_page_size: int = Field(1000, ge=1)
-    # Heavy reads (metrics JSON/CSV/Parquet, plots) computed at once, in the whole process; one
-    # more is a 503 with Retry-After. A plot not drawn within plot_timeout_s is a 504 (it goes
-    # on in the background, within the same bound, and its result is cached for the retry).
+    # Heavy reads (metrics JSON/CSV/Parquet, plots) computed at once, in the whole process, and
+    # how many more may wait for one of those slots; one more is a 503 with Retry-After. A plot
+    # not drawn within plot_timeout_s (waiting included) is a 504 (it goes on in the
+    # background, within the same bound, and its result is cached for the retry).
     max_heavy_reads: int = Field(4, ge=1)
+    heavy_read_queue: int = Field(16, ge=0)
     plot_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(1_000_000, ge=1)
 

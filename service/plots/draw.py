@@ -28,6 +28,7 @@ from matplotlib import colors as mcolors
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.text import Text
@@ -94,12 +95,26 @@ class FittedFigure(Figure):
         self.fits: list[_Fit] = []
         self.fitted_legends: list[_Legend] = []
         self.legend_size = LEGEND_SIZE
+        self._fitted_at: tuple | None = None
+        self.legend_columns: dict[tuple, int] = {}  # _below's bisections, by legend and width
 
     def draw(self, renderer: Any) -> None:
         with DRAWING:
-            if self.get_visible():
+            if self.get_visible() and not self._laid_out():
                 fit_texts(self, renderer)
+                self._fitted_at = self._at()
             super().draw(renderer)
+
+    def _at(self) -> tuple:
+        return (self.dpi, *self.bbox.size)
+
+    def _laid_out(self) -> bool:
+        """Whether this draw is savefig's second: savefig lays the figure out in a first draw
+        and draws it again with the layout engine off (a placeholder); at the same size and
+        resolution, the texts fitted in the first draw still fit, and fitting them again would
+        only repeat its work (a third of a plot's time)."""
+        engine = self.get_layout_engine()
+        return isinstance(engine, PlaceHolderLayoutEngine) and self._fitted_at == self._at()
 
 
 def new_figure(nrows: int = 1, height: float = 4.4) -> tuple[Figure, list[Axes]]:
@@ -322,9 +337,15 @@ def _below(fig: FittedFigure, spec: _Legend, renderer: Any, width: float) -> Non
     def fits(leg: Any) -> bool:
         return leg.get_window_extent(renderer).width <= width - 2 * PAD
 
+    key = (id(spec), tuple(labels), round(width), size)
+    known = fig.legend_columns.get(key)
+    if known is not None:  # a later pass of fit_texts, at the same width: no bisection again
+        build(known)
+        return
     lo, hi = 1, max(len(labels), 1)  # 1 column is kept whatever its width
     leg, built = build(hi), hi
     if fits(leg):
+        fig.legend_columns[key] = hi
         return
     while hi - lo > 1:  # invariant: lo columns fit (or lo = 1), hi do not
         leg.remove()
@@ -334,6 +355,7 @@ def _below(fig: FittedFigure, spec: _Legend, renderer: Any, width: float) -> Non
     if built != lo:
         leg.remove()
         build(lo)
+    fig.legend_columns[key] = lo
 
 
 def palette(labels: list[str], sequential: bool) -> dict[str, tuple]:

@@ -1,4 +1,5 @@
-"""The heavy-read bound through a live server: past max_heavy_reads a 503 with Retry-After, a
+"""The heavy-read bound through a live server: past max_heavy_reads the next heavy_read_queue
+reads wait for a slot (first come, first served) and one more is a 503 with Retry-After, a
 plot past plot_timeout_s a 504 whose work still lands in the cache, requests waiting on a plot
 another one is drawing hold no slot and leave the light routes answering; and one default
 metric per plot kind for the REST route and the dashboard."""
@@ -81,7 +82,7 @@ def _wait_for(predicate, timeout_s: float = 30.0) -> None:
 
 
 def test_a_heavy_read_past_the_limit_is_a_503_with_retry_after(serve):
-    app, client = serve(max_heavy_reads=2)
+    app, client = serve(max_heavy_reads=2, heavy_read_queue=0)
     sweep_id = _finished_sweep(app, client, depth=[2, 3])
     cached = client.get(f"/sweeps/{sweep_id}/plots/layer_profile")
     assert cached.status_code == 200
@@ -107,10 +108,48 @@ def test_a_heavy_read_past_the_limit_is_a_503_with_retry_after(serve):
         for release in held:
             release()
             release()  # idempotent
-    assert heavy.running == 0
+    assert heavy.admitted == 0
     r = client.get(f"/sweeps/{sweep_id}/plots/layer_profile", params={"format": "svg"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg")
     assert client.get(f"/sweeps/{sweep_id}/metrics").json()["count"] > 0
+
+
+def test_heavy_reads_past_the_slots_wait_in_the_queue_and_only_past_it_get_503(serve):
+    """One slot, held (a streamed CSV holds one the same way); a page's charts, asked at once:
+    the queue's two wait and are answered when the slot frees, the third is refused at once."""
+    app, client = serve(max_heavy_reads=1, heavy_read_queue=2)
+    sweep_id = _finished_sweep(app, client, depth=[2, 3])
+    assert client.get(f"/sweeps/{sweep_id}/metrics").status_code == 200  # makes the bound
+    heavy = app.state.heavy_reads
+    release = heavy.admit()
+    with pytest.raises(Exception, match="ISOSWEEP_HEAVY_READ_QUEUE"):
+        heavy.admit()  # a stream never waits: a slot now, or the 503
+    answers: dict[str, httpx.Response] = {}
+
+    def ask(kind: str) -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
+            answers[kind] = c.get(f"/sweeps/{sweep_id}/plots/{kind}", params={"format": "json"})
+
+    waiting = [threading.Thread(target=ask, args=(k,)) for k in ("layer_profile", "heatmap")]
+    try:
+        for t in waiting:
+            t.start()
+        _wait_for(lambda: heavy.admitted == 3)  # the held slot and the two queued charts
+        time.sleep(0.2)
+        assert not answers  # they wait: nothing computes while the slot is held
+        refused = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling", params={"format": "json"})
+        assert refused.status_code == 503 and refused.headers["Retry-After"] == "2"
+        assert "ISOSWEEP_HEAVY_READ_QUEUE" in refused.json()["error"]["message"]
+        assert heavy.refused == 2
+    finally:
+        release()
+        for t in waiting:
+            t.join(60)
+    assert {k: r.status_code for k, r in answers.items()} == {"layer_profile": 200, "heatmap": 200}
+    assert all(r.json()["kind"] == k for k, r in answers.items())
+    _wait_for(lambda: heavy.admitted == 0)
+    again = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling", params={"format": "json"})
+    assert again.status_code == 200
 
 
 def test_a_plot_past_the_time_limit_is_a_504_and_cached_for_the_retry(serve):
@@ -121,7 +160,7 @@ def test_a_plot_past_the_time_limit_is_a_504_and_cached_for_the_retry(serve):
     message = r.json()["error"]["message"]
     assert "ISOSWEEP_PLOT_TIMEOUT_S" in message and "retry" in message
     heavy = app.state.heavy_reads
-    _wait_for(lambda: heavy.running == 0)  # the drawing went on in the background
+    _wait_for(lambda: heavy.admitted == 0)  # the drawing went on in the background
     retry = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling")
     assert retry.status_code == 200 and retry.content.startswith(b"\x89PNG")
     assert client.get("/healthz").status_code == 200

@@ -183,11 +183,23 @@
 
   // A chart: its JSON fetched (the same route as its image, format=json) and drawn; a refused
   // plot (a 422 naming why) leaves the chart empty and says why under it.
+  // A busy server (503, Retry-After) or a plot still being drawn (504: it lands in the cache)
+  // is asked again a few times before the chart shows the error.
+  const RETRIES = 4;
+  async function fetchPatiently(url, options) {
+    for (let attempt = 0; ; attempt++) {
+      const r = await fetch(url, options);
+      if ((r.status !== 503 && r.status !== 504) || attempt >= RETRIES) return r;
+      const after = Number(r.headers.get("Retry-After")) || 2;
+      await new Promise((done) => setTimeout(done, Math.min(after, 10) * 1000));
+    }
+  }
+
   async function loadChart(figure) {
     let r;
     let chart;
     try {
-      r = await fetch(figure.dataset.chart, {
+      r = await fetchPatiently(figure.dataset.chart, {
         headers: { Accept: "application/json" },
         cache: "no-store",
       });
@@ -213,7 +225,7 @@
   // image anew and show it from a blob URL.
   async function reloadPlot(img) {
     try {
-      const r = await fetch(img.dataset.src, { cache: "no-store" });
+      const r = await fetchPatiently(img.dataset.src, { cache: "no-store" });
       if (!r.ok) return showPlotError(img, await errorText(r));
       const old = img.dataset.blob;
       img.dataset.blob = URL.createObjectURL(await r.blob());
