@@ -94,10 +94,10 @@ class HeavyReads:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
-    def _enter(self, *, wait: bool) -> Callable[[], None]:
+    def _enter(self) -> Callable[[], None]:
         """Count one admitted read, or raise the 503. Returns its release (idempotent)."""
         with self._lock:
-            if self.admitted >= self.limit + (self.queue if wait else 0):
+            if self.admitted >= self.limit + self.queue:
                 raise self._refuse()
             self.admitted += 1
         released = threading.Event()
@@ -115,14 +115,11 @@ class HeavyReads:
 
         return release
 
-    def admit(self) -> Callable[[], None]:
-        """A slot now, for work that runs outside the pool (a streamed CSV), or the 503.
-        Returns the slot's release (idempotent)."""
-        leave = self._enter(wait=False)
-        if not self._slots.acquire(blocking=False):  # every slot computing: no waiting here
-            leave()
-            with self._lock:
-                raise self._refuse()
+    async def hold(self) -> Callable[[], None]:
+        """A slot for work that runs outside the pool (a streamed CSV), once one is free
+        (waiting in the queue like the rest), or the 503. Returns the slot's release
+        (idempotent)."""
+        leave = self._enter()
         released = threading.Event()
 
         def release() -> None:
@@ -131,16 +128,26 @@ class HeavyReads:
                 self._slots.release()
                 leave()
 
+        try:
+            taken = self._pool.submit(self._slots.acquire)  # in turn with the queued reads
+        except BaseException:
+            leave()
+            raise
+        try:
+            await asyncio.shield(asyncio.wrap_future(taken))
+        except BaseException:  # the request went away while waiting: the slot goes back
+            taken.add_done_callback(lambda _: release())
+            raise
         return release
 
     async def run(
         self, fn: Callable[[], T], *, timeout_s: float | None = None, what: str = "the read"
     ) -> T:
         """fn() on a heavy-read worker, once a slot is free (waiting in the queue until then)."""
-        leave = self._enter(wait=True)
+        leave = self._enter()
 
         def in_slot() -> T:
-            with self._slots:  # a pool thread waits here only while a stream holds a slot
+            with self._slots:  # a pool thread waits here only while streams hold slots
                 return fn()
 
         try:

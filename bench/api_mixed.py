@@ -12,7 +12,8 @@ the second runs with the settings' defaults. With --plots page the plots are ask
 dashboard asks them (chart data, format=json, and one in four a PNG download); otherwise every
 one is a PNG. A client waits out a 503's Retry-After and asks
 again, so a latency is the time to the final answer. Prints, for each, plot p99 / max, healthz
-p99 / max, the answers by status, the server's peak RSS (VmHWM) and its RSS 5 s after the
+p99 / max, the answers by status (a "+503" if a 503 came first), each kind's p50/p99 (plots
+also split by format), the server's peak RSS (VmHWM) and its RSS 5 s after the
 load, and the on/off ratios.
 
 submit: POST one 5,000-trial spec with epochs = 100,000 alone, then six at once (their own
@@ -83,15 +84,16 @@ def request_of(sweep_id: int, j: int, page: bool = False) -> tuple[str, str, dic
 
 def get_retrying(c: httpx.Client, path: str, params: dict) -> Any:
     """GET, waiting out each 503's Retry-After as a polite client does (at most MAX_RETRIES
-    times); the last status, "503+" if it never got through."""
-    for _ in range(MAX_RETRIES):
+    times); the last status ("+503" appended if a 503 came first), "503+" if it never got
+    through."""
+    for attempt in range(MAX_RETRIES):
         try:
             r = c.get(path, params=params)
         except httpx.HTTPError as exc:
             return type(exc).__name__
         wait = r.headers.get("Retry-After")
         if r.status_code != 503 or wait is None:
-            return r.status_code
+            return f"{r.status_code}+503" if attempt else r.status_code
         with RETRIES_LOCK:
             RETRIES[path.rsplit("/", 1)[-1]] += 1
         time.sleep(float(wait))
@@ -102,7 +104,9 @@ def mixed_load(
     base: str, sweep_id: int, clients: int, requests: int, page: bool
 ) -> dict[str, list]:
     """kind → [(seconds, status)], every client making `requests` requests."""
-    out: dict[str, list] = {k: [] for k in ("plot", "metrics", "csv", "healthz")}
+    out: dict[str, list] = {
+        k: [] for k in ("plot", "plot json", "plot png", "metrics", "csv", "healthz")
+    }
     lock = threading.Lock()
 
     def client(k: int) -> None:
@@ -113,6 +117,8 @@ def mixed_load(
                 status = get_retrying(c, path, params)
                 with lock:
                     out[kind].append((time.perf_counter() - start, status))
+                    if kind == "plot":
+                        out[f"plot {params['format']}"].append(out[kind][-1])
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
@@ -172,10 +178,13 @@ def print_run(name: str, run: dict) -> dict[str, float]:
     print(f"   503s waited out (Retry-After), by route: {run['retries'] or 'none'}")
     print("   " + "  ".join(f"{k} {v:.2f}" for k, v in fig.items()))
     for kind, got in run["answers"].items():
+        if not got:
+            continue
         codes = Counter(str(c) for _, c in got)
         p50 = np.percentile([s for s, _ in got], 50)
+        p99 = np.percentile([s for s, _ in got], 99)
         codes_text = dict(sorted(codes.items()))
-        print(f"   {kind:<8} n={len(got):<4} p50 {p50:6.2f} s  answers {codes_text}")
+        print(f"   {kind:<9} n={len(got):<4} p50 {p50:6.2f} s  p99 {p99:6.2f} s  {codes_text}")
     return fig
 
 

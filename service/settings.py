@@ -63,7 +63,7 @@ class Settings(BaseSettings):
     # not drawn within plot_timeout_s (waiting included) is a 504 (it goes on in the
     # background, within the same bound, and its result is cached for the retry).
     max_heavy_reads: int = Field(4, ge=1)
-    heavy_read_queue: int = Field(16, ge=0)
+    heavy_read_queue: int = Field(64, ge=0)
     plot_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(1_000_000, ge=1)
 

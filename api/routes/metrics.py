@@ -128,7 +128,7 @@ async def _answer(
     big = len(frame) > LIGHT_ROWS
     if format == "csv":
         headers["Content-Disposition"] = f'attachment; filename="{name}.csv"'
-        chunks = _Held(csv_chunks(frame), heavy.admit()) if big else csv_chunks(frame)
+        chunks = _Held(csv_chunks(frame), await heavy.hold()) if big else csv_chunks(frame)
         return StreamingResponse(chunks, media_type="text/csv", headers=headers)
     encode: Callable[[], bytes] = (
         (lambda: parquet_bytes(frame)) if format == "parquet" else (lambda: _json(frame, total))

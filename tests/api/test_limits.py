@@ -6,6 +6,7 @@ metric per plot kind for the REST route and the dashboard."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -87,7 +88,7 @@ def test_a_heavy_read_past_the_limit_is_a_503_with_retry_after(serve):
     cached = client.get(f"/sweeps/{sweep_id}/plots/layer_profile")
     assert cached.status_code == 200
     heavy = app.state.heavy_reads  # made by the first heavy read
-    held = [heavy.admit(), heavy.admit()]  # two heavy reads running: the bound
+    held = [asyncio.run(heavy.hold()) for _ in range(2)]  # two heavy reads running: the bound
     try:
         for path, params in [
             (f"/sweeps/{sweep_id}/plots/layer_profile", {"format": "svg"}),
@@ -115,15 +116,13 @@ def test_a_heavy_read_past_the_limit_is_a_503_with_retry_after(serve):
 
 
 def test_heavy_reads_past_the_slots_wait_in_the_queue_and_only_past_it_get_503(serve):
-    """One slot, held (a streamed CSV holds one the same way); a page's charts, asked at once:
-    the queue's two wait and are answered when the slot frees, the third is refused at once."""
+    """One slot, held (as a streamed CSV holds it); a page's charts, asked at once: the queue's
+    two wait and are answered when the slot frees, the third is refused at once."""
     app, client = serve(max_heavy_reads=1, heavy_read_queue=2)
     sweep_id = _finished_sweep(app, client, depth=[2, 3])
     assert client.get(f"/sweeps/{sweep_id}/metrics").status_code == 200  # makes the bound
     heavy = app.state.heavy_reads
-    release = heavy.admit()
-    with pytest.raises(Exception, match="ISOSWEEP_HEAVY_READ_QUEUE"):
-        heavy.admit()  # a stream never waits: a slot now, or the 503
+    release = asyncio.run(heavy.hold())
     answers: dict[str, httpx.Response] = {}
 
     def ask(kind: str) -> None:
@@ -140,7 +139,7 @@ def test_heavy_reads_past_the_slots_wait_in_the_queue_and_only_past_it_get_503(s
         refused = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling", params={"format": "json"})
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "2"
         assert "ISOSWEEP_HEAVY_READ_QUEUE" in refused.json()["error"]["message"]
-        assert heavy.refused == 2
+        assert heavy.refused == 1
     finally:
         release()
         for t in waiting:
