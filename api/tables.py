@@ -5,6 +5,8 @@ as the same floats). A missing layer (a scalar metric) is JSON null and an empty
 from __future__ import annotations
 
 import io
+import math
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,54 +50,65 @@ def csv_chunks(frame: pd.DataFrame, chunk: int | None = None) -> Iterator[bytes]
     """The frame as CSV, header first, `chunk` rows at a time (default CSV_CHUNK_ROWS), for a
     StreamingResponse. Floats are written in their shortest round-trip digits (integral ones
     with ".0", so that a reader keeps them floats), NaN and ±inf spelled as in JSON, <NA> as an
-    empty field, booleans as True/False; a field is quoted only where a column holds a comma,
-    quote or line break. Arrow writes it, outside the GIL: three times pandas' speed, and a
-    CSV export no longer holds up the plots and pages being drawn beside it."""
+    empty field, booleans as True/False; fields are quoted only if a text column holds a comma,
+    quote or line break. Arrow writes it, a chunk at a time and outside the GIL: three times
+    pandas' speed, and an export no longer holds up the plots drawn beside it."""
     chunk = chunk or CSV_CHUNK_ROWS
-    table = _csv_table(frame)
-    quoting = "none" if _plain(table) else "needed"
-    header = "none" if not any(_needs_quotes(str(c)) for c in table.column_names) else "needed"
+    quoting = "needed" if _needs_quotes(frame) else "none"
+    header = "needed" if any(_SPECIAL.search(str(c)) for c in frame.columns) else "none"
     for start in range(0, max(len(frame), 1), chunk):
         out = io.BytesIO()
         options = pcsv.WriteOptions(
             include_header=start == 0, quoting_style=quoting, quoting_header=header
         )
-        pcsv.write_csv(table.slice(start, chunk), out, options)
+        pcsv.write_csv(_csv_table(frame.iloc[start : start + chunk]), out, options)
         yield out.getvalue()
 
 
-def _needs_quotes(text: str) -> bool:
-    return any(c in text for c in ',"\r\n')
+_SPECIAL = re.compile('[,"\r\n]')  # what makes a CSV field need quotes
 
 
-def _plain(table: pa.Table) -> bool:
-    """Whether no text field of the table needs quotes."""
-    return not any(
-        pc.any(pc.match_substring_regex(col, '[,"\r\n]')).as_py()
-        for col in table.columns
-        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
-    )
+def _needs_quotes(frame: pd.DataFrame) -> bool:
+    """Whether a text field of the frame holds a comma, quote or line break."""
+    for name in frame.columns:
+        col = frame[name]
+        if col.dtype == object:
+            if any(_SPECIAL.search(str(v)) for v in col if not _missing(v)):
+                return True
+        elif pd.api.types.is_string_dtype(col) or isinstance(col.dtype, pd.CategoricalDtype):
+            values = pa.array(col.astype("str"), from_pandas=True)
+            if pc.any(pc.match_substring_regex(values, _SPECIAL.pattern)).as_py():
+                return True
+    return False
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
+
+
+def _csv_column(col: pd.Series) -> pa.Array:
+    """One column as Arrow, floats and booleans already spelled as CSV text; other Python
+    objects (a config field's lists, dicts or mixed types) by str(), as pandas writes them."""
+    if pd.api.types.is_float_dtype(col):
+        text = pc.cast(pa.array(col.to_numpy("float64", na_value=np.nan)), pa.string())
+        integral = pc.match_substring_regex(text, "^-?[0-9]+$")  # shortest digits: "1", "-0"
+        text = pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
+        for arrow, word in (("nan", "NaN"), ("inf", "Infinity"), ("-inf", "-Infinity")):
+            text = pc.if_else(pc.equal(text, arrow), word, text)
+        return text
+    if pd.api.types.is_bool_dtype(col):
+        return pc.if_else(pa.array(col, from_pandas=True), "True", "False")
+    if col.dtype == object:
+        return pa.array([None if _missing(v) else str(v) for v in col], pa.string())
+    values = pa.array(col, from_pandas=True)
+    if pa.types.is_dictionary(values.type):  # a categorical: its values
+        return pc.cast(values, values.type.value_type)
+    return values
 
 
 def _csv_table(frame: pd.DataFrame) -> pa.Table:
-    """The frame as Arrow, each float and bool column already spelled as CSV text."""
-    table = pa.Table.from_pandas(frame, preserve_index=False)
-    columns = []
-    for name, col in zip(frame.columns, table.columns, strict=True):
-        if pa.types.is_floating(col.type):  # from_pandas made NaN a null: from the values again
-            col = pa.array(frame[name].to_numpy("float64", na_value=np.nan))
-            text = pc.cast(col, pa.string())  # shortest round-trip: "1", "0.1", "nan", "-inf"
-            integral = pc.match_substring_regex(text, "^-?[0-9]+$")
-            text = pc.if_else(integral, pc.binary_join_element_wise(text, ".0", ""), text)
-            for arrow, word in (("nan", "NaN"), ("inf", "Infinity"), ("-inf", "-Infinity")):
-                text = pc.if_else(pc.equal(text, arrow), word, text)
-            col = text
-        elif pa.types.is_boolean(col.type):
-            col = pc.if_else(col, "True", "False")
-        elif pa.types.is_dictionary(col.type):
-            col = pc.cast(col, col.type.value_type)
-        columns.append(col)
-    return pa.table(columns, names=table.column_names)
+    names = [str(c) for c in frame.columns]
+    return pa.table([_csv_column(frame.iloc[:, i]) for i in range(frame.shape[1])], names=names)
 
 
 def parquet_bytes(frame: pd.DataFrame) -> bytes:
