@@ -34,7 +34,7 @@ from api.routes.deps import (
     parse_epoch,
     parse_epochs,
 )
-from api.routes.metrics import RESPONSES, Layer, _answer, _json_limit, _narrow
+from api.routes.metrics import RESPONSES, Layer, _json_limit, _narrow, frame_answer
 from api.routes.plots import (
     FORMAT_TEXT,
     IMAGE_RESPONSES,
@@ -123,12 +123,8 @@ async def compare_metrics(
         frame["sweep"] = frame["sweep"].astype(str)  # the label as text in every format
         return frame
 
-    frame = await heavy.cached(cache, key, read, final=final)
-    total = len(frame)
-    if offset or limit is not None:
-        frame = frame.iloc[offset : offset + limit if limit is not None else None]
     name = "compare-" + "-".join(str(s) for s in ids)
-    return await _answer(frame, total, format, name, heavy)
+    return await frame_answer(cache, heavy, key, read, final, offset, limit, format, name)
 
 
 @router.get("/compare/plots/{kind}", response_class=Response, responses=IMAGE_RESPONSES)

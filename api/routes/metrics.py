@@ -7,7 +7,7 @@ ISOSWEEP_MAX_HEAVY_READS for the whole process, off the event loop (api/limits.p
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Annotated, Any, Literal
 
 import pandas as pd
@@ -16,7 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
-from api.cache import sweep_version
+from api.cache import SingleFlightCache, sweep_version
 from api.errors import ERROR_RESPONSES
 from api.limits import BUSY_RESPONSES, LIGHT_ROWS, HeavyReads, get_heavy_reads
 from api.routes.deps import (
@@ -113,27 +113,72 @@ async def read_metrics(
         except LimitExceeded as exc:
             raise _narrow(exc) from None
 
-    frame = await heavy.cached(cache, key, read, final=version[0])
-    total = len(frame)
-    if offset or limit is not None:
-        frame = frame.iloc[offset : offset + limit if limit is not None else None]
-    return await _answer(frame, total, format, f"sweep-{sweep_id}-metrics", heavy)
+    name = f"sweep-{sweep_id}-metrics"
+    return await frame_answer(cache, heavy, key, read, version[0], offset, limit, format, name)
 
 
-async def _answer(
-    frame: pd.DataFrame, total: int, format: str, name: str, heavy: HeavyReads
+async def frame_answer(
+    cache: SingleFlightCache,
+    heavy: HeavyReads,
+    key: Hashable,
+    read: Callable[[], pd.DataFrame],
+    final: bool,
+    offset: int,
+    limit: int | None,
+    format: str,
+    name: str,
 ) -> Response:
-    """The page as CSV (streamed), Parquet or JSON; encoding a big one is a heavy read."""
-    headers = {"X-Total-Count": str(total)}
-    big = len(frame) > LIGHT_ROWS
+    """The page [offset, offset + limit) of the frame read() gives (cached under `key`), as
+    CSV (streamed), Parquet or JSON. A small cached page is answered without a heavy-read
+    slot; a miss or a big page is read and encoded in one slot, so that a request waiting in
+    the heavy-read queue holds no frame."""
+
+    def page(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+        rows = frame.iloc[offset : offset + limit if limit is not None else None]
+        return (rows if offset or limit is not None else frame), len(frame)
+
+    state, found = cache.peek(key)
+    if state == "flight":  # another request is reading it: wait for that, holding no slot
+        found, state = await heavy.wait(found, None, "the read"), "hit"
+    if state == "hit":
+        rows, total = page(found)
+        if len(rows) <= LIGHT_ROWS:
+            return await _answer(rows, total, format, name)
+        del found, rows  # not held while this request waits for a slot
+    frame_of = lambda: page(cache.get(key, read, final=final))  # noqa: E731
     if format == "csv":
-        headers["Content-Disposition"] = f'attachment; filename="{name}.csv"'
-        chunks = _Held(csv_chunks(frame), await heavy.hold()) if big else csv_chunks(frame)
-        return StreamingResponse(chunks, media_type="text/csv", headers=headers)
-    encode: Callable[[], bytes] = (
-        (lambda: parquet_bytes(frame)) if format == "parquet" else (lambda: _json(frame, total))
-    )
-    body = await heavy.call(encode, heavy=big)
+        release = await heavy.hold()
+        try:
+            rows, total = await run_in_threadpool(frame_of)
+        except BaseException:
+            release()
+            raise
+        return _csv_response(_Held(csv_chunks(rows), release), total, name)
+    body, total = await heavy.run(lambda: _encoded(*frame_of(), format))
+    return _body_response(body, total, format, name)
+
+
+async def _answer(frame: pd.DataFrame, total: int, format: str, name: str) -> Response:
+    """A small page (≤ LIGHT_ROWS) as CSV (streamed), Parquet or JSON, on the light routes'
+    threadpool."""
+    if format == "csv":
+        return _csv_response(csv_chunks(frame), total, name)
+    body, _ = await run_in_threadpool(_encoded, frame, total, format)
+    return _body_response(body, total, format, name)
+
+
+def _encoded(frame: pd.DataFrame, total: int, format: str) -> tuple[bytes, int]:
+    return (parquet_bytes(frame) if format == "parquet" else _json(frame, total)), total
+
+
+def _csv_response(chunks: Iterator[bytes], total: int, name: str) -> Response:
+    headers = {"X-Total-Count": str(total)}
+    headers["Content-Disposition"] = f'attachment; filename="{name}.csv"'
+    return StreamingResponse(chunks, media_type="text/csv", headers=headers)
+
+
+def _body_response(body: bytes, total: int, format: str, name: str) -> Response:
+    headers = {"X-Total-Count": str(total)}
     if format == "parquet":
         headers["Content-Disposition"] = f'attachment; filename="{name}.parquet"'
         return Response(body, media_type=PARQUET, headers=headers)
