@@ -11,6 +11,7 @@ Screenshots go to artifacts/, or to docs/img/dashboard/ with ISOSWEEP_UPDATE_SCR
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from api_support import fill, record, spec, submit, value_of
@@ -200,6 +201,33 @@ def test_a_kind_that_cannot_be_drawn_shows_the_apis_message(api, tab):  # noqa: 
     message = api.client.get(api.url + src).json()["error"]["message"]  # the 422
     assert caption.inner_text() == f"This plot cannot be drawn: {message}"
     assert tab.locator("figure[data-chart] .chart-panel").count() == 0
+    assert tab.errors == []
+
+
+def test_a_busy_server_is_asked_again_before_the_chart_shows_an_error(api, tab):  # noqa: F811
+    """The chart's first fetch answered 503 Retry-After: 1 (as a full heavy-read queue answers,
+    api/limits.py); the page waits the second and asks again, and the chart is drawn with no
+    error shown. The answer is made at the browser's network edge: the server's own 503 is
+    tested in tests/api/test_limits.py."""
+    s = submit(api, spec("busy", seeds=1))
+    fill(api, s["id"])
+    asked: list[float] = []
+
+    def busy_once(route) -> None:
+        asked.append(time.monotonic())
+        if len(asked) == 1:
+            body = '{"error":{"type":"http_error","message":"the server is busy"}}'
+            headers = {"Retry-After": "1", "Content-Type": "application/json"}
+            route.fulfill(status=503, headers=headers, body=body)
+        else:
+            route.continue_()
+
+    tab.route("**/plots/**format=json**", busy_once)
+    tab.goto(f"{api.url}/sweeps/{s['id']}")
+    tab.wait_for_function(CHARTS_DRAWN)
+    assert len(asked) == 2 and asked[1] - asked[0] >= 0.9  # waited out its Retry-After
+    assert tab.locator("figure[data-chart] .plot-error").inner_text() == ""
+    assert tab.locator("figure[data-chart] .chart-panel").count() >= 1
     assert tab.errors == []
 
 
