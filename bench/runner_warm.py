@@ -4,7 +4,7 @@ digits); for each, the time from its submission to its first trial's record and 
 against the trials' own compute (`fit()` of the same 2 trials in this process, measured first).
 
     .venv/bin/python bench/runner_warm.py             # 4 sweeps (~1 minute)
-    .venv/bin/python bench/runner_warm.py --sweeps 6
+    .venv/bin/python bench/runner_warm.py --sweeps 6 --pause 0.5   # idle 0.5 s between
 
 The first sweep pays Ray's start and the workers' imports; the later ones should start in
 about a second (the target). Prints each sweep and the ratio of a later sweep's submit→end to
@@ -53,6 +53,7 @@ def fit_seconds(url: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweeps", type=int, default=4)
+    ap.add_argument("--pause", type=float, default=0.0, help="idle seconds between sweeps")
     args = ap.parse_args()
     from workers.runner import Runner
 
@@ -65,6 +66,7 @@ def main() -> None:
     ends = []
     try:
         for k in range(args.sweeps):
+            time.sleep(args.pause if k else 0.0)
             t0 = time.monotonic()
             sid = store.create_sweep(parse_spec(spec(k), settings=store.settings)).id
             first = None
