@@ -115,10 +115,10 @@ class HeavyReads:
 
         return release
 
-    async def hold(self) -> Callable[[], None]:
-        """A slot for work that runs outside the pool (a streamed CSV), once one is free
-        (waiting in the queue like the rest), or the 503. Returns the slot's release
-        (idempotent)."""
+    async def run_holding(self, fn: Callable[[], T]) -> tuple[T, Callable[[], None]]:
+        """fn() on a heavy-read worker once a slot is free, as `run`, but the slot stays held
+        after fn returns, until the returned release is called (idempotent): a streamed CSV
+        holds it until its last chunk is sent."""
         leave = self._enter()
         released = threading.Event()
 
@@ -128,17 +128,25 @@ class HeavyReads:
                 self._slots.release()
                 leave()
 
+        def in_slot() -> T:
+            self._slots.acquire()
+            try:
+                return fn()
+            except BaseException:
+                release()
+                raise
+
         try:
-            taken = self._pool.submit(self._slots.acquire)  # in turn with the queued reads
+            job = self._pool.submit(in_slot)
         except BaseException:
             leave()
             raise
         try:
-            await asyncio.shield(asyncio.wrap_future(taken))
-        except BaseException:  # the request went away while waiting: the slot goes back
-            taken.add_done_callback(lambda _: release())
+            result = await asyncio.shield(asyncio.wrap_future(job))
+        except asyncio.CancelledError:  # the request went away: the slot goes back once taken
+            job.add_done_callback(lambda _: release())
             raise
-        return release
+        return result, release
 
     async def run(
         self, fn: Callable[[], T], *, timeout_s: float | None = None, what: str = "the read"

@@ -147,12 +147,7 @@ async def frame_answer(
         del found, rows  # not held while this request waits for a slot
     frame_of = lambda: page(cache.get(key, read, final=final))  # noqa: E731
     if format == "csv":
-        release = await heavy.hold()
-        try:
-            rows, total = await run_in_threadpool(frame_of)
-        except BaseException:
-            release()
-            raise
+        (rows, total), release = await heavy.run_holding(frame_of)
         return _csv_response(_Held(csv_chunks(rows), release), total, name)
     body, total = await heavy.run(lambda: _encoded(*frame_of(), format))
     return _body_response(body, total, format, name)

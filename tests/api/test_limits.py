@@ -75,6 +75,12 @@ def _finished_sweep(app: Any, client: httpx.Client, **parameters: Any) -> int:
     return sweep["id"]
 
 
+def _hold(heavy: Any) -> Any:
+    """Take a heavy-read slot and keep it, as a streamed CSV does; returns its release."""
+    _, release = asyncio.run(heavy.run_holding(lambda: None))
+    return release
+
+
 def _wait_for(predicate, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -88,7 +94,7 @@ def test_a_heavy_read_past_the_limit_is_a_503_with_retry_after(serve):
     cached = client.get(f"/sweeps/{sweep_id}/plots/layer_profile")
     assert cached.status_code == 200
     heavy = app.state.heavy_reads  # made by the first heavy read
-    held = [asyncio.run(heavy.hold()) for _ in range(2)]  # two heavy reads running: the bound
+    held = [_hold(heavy) for _ in range(2)]  # two heavy reads running: the bound
     try:
         for path, params in [
             (f"/sweeps/{sweep_id}/plots/layer_profile", {"format": "svg"}),
@@ -116,24 +122,31 @@ def test_a_heavy_read_past_the_limit_is_a_503_with_retry_after(serve):
 
 
 def test_heavy_reads_past_the_slots_wait_in_the_queue_and_only_past_it_get_503(serve):
-    """One slot, held (as a streamed CSV holds it); a page's charts, asked at once: the queue's
-    two wait and are answered when the slot frees, the third is refused at once."""
-    app, client = serve(max_heavy_reads=1, heavy_read_queue=2)
+    """One slot, held (as a streamed CSV holds it); a page's two charts and a CSV export, asked
+    at once: the queue's three wait and are answered when the slot frees, in full; the next
+    heavy read is refused at once."""
+    app, client = serve(max_heavy_reads=1, heavy_read_queue=3)
     sweep_id = _finished_sweep(app, client, depth=[2, 3])
     assert client.get(f"/sweeps/{sweep_id}/metrics").status_code == 200  # makes the bound
     heavy = app.state.heavy_reads
-    release = asyncio.run(heavy.hold())
+    release = _hold(heavy)
     answers: dict[str, httpx.Response] = {}
+    asked = {
+        "layer_profile": (f"/sweeps/{sweep_id}/plots/layer_profile", {"format": "json"}),
+        "heatmap": (f"/sweeps/{sweep_id}/plots/heatmap", {"format": "json"}),
+        "csv": (f"/sweeps/{sweep_id}/metrics", {"seed": 1, "format": "csv"}),
+    }
 
-    def ask(kind: str) -> None:
+    def ask(name: str) -> None:
+        path, params = asked[name]
         with httpx.Client(base_url=str(client.base_url), timeout=60) as c:
-            answers[kind] = c.get(f"/sweeps/{sweep_id}/plots/{kind}", params={"format": "json"})
+            answers[name] = c.get(path, params=params)
 
-    waiting = [threading.Thread(target=ask, args=(k,)) for k in ("layer_profile", "heatmap")]
+    waiting = [threading.Thread(target=ask, args=(name,)) for name in asked]
     try:
         for t in waiting:
             t.start()
-        _wait_for(lambda: heavy.admitted == 3)  # the held slot and the two queued charts
+        _wait_for(lambda: heavy.admitted == 4)  # the held slot and the three queued reads
         time.sleep(0.2)
         assert not answers  # they wait: nothing computes while the slot is held
         refused = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling", params={"format": "json"})
@@ -144,9 +157,13 @@ def test_heavy_reads_past_the_slots_wait_in_the_queue_and_only_past_it_get_503(s
         release()
         for t in waiting:
             t.join(60)
-    assert {k: r.status_code for k, r in answers.items()} == {"layer_profile": 200, "heatmap": 200}
-    assert all(r.json()["kind"] == k for k, r in answers.items())
-    _wait_for(lambda: heavy.admitted == 0)
+    assert {k: r.status_code for k, r in answers.items()} == dict.fromkeys(asked, 200)
+    assert answers["layer_profile"].json()["kind"] == "layer_profile"
+    assert answers["heatmap"].json()["kind"] == "heatmap"
+    _wait_for(lambda: heavy.admitted == 0)  # the stream gave its slot back
+    rows = client.get(f"/sweeps/{sweep_id}/metrics", params={"seed": 1, "limit": 1000}).json()
+    csv = answers["csv"].text.splitlines()
+    assert len(csv) == 1 + rows["count"] and csv[0].split(",") == rows["columns"]
     again = client.get(f"/sweeps/{sweep_id}/plots/depth_scaling", params={"format": "json"})
     assert again.status_code == 200
 
