@@ -1,6 +1,6 @@
 """Tidy frames on the wire: JSON rows, streamed CSV, Parquet. NaN and ±inf keep one spelling:
-"NaN", "Infinity", "-Infinity" (JSON strings; bare CSV fields, which pandas.read_csv reads back
-as the same floats). A missing layer (a scalar metric) is JSON null and an empty CSV field."""
+"NaN", "Infinity", "-Infinity" (JSON strings; CSV fields, which pandas.read_csv reads back as
+the same floats). A missing layer (a scalar metric) is JSON null and an empty CSV field."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ class FittedFigure(Figure):
         """Whether this draw is savefig's second: savefig lays the figure out in a first draw
         and draws it again with the layout engine off (a placeholder); at the same size and
         resolution, the texts fitted in the first draw still fit, and fitting them again would
-        only repeat its work (a third of a plot's time)."""
+        only repeat its work (a fifth of the time of the bench's mix of plots)."""
         engine = self.get_layout_engine()
         return isinstance(engine, PlaceHolderLayoutEngine) and self._fitted_at == self._at()
 
