@@ -169,7 +169,25 @@ def _encoded(frame: pd.DataFrame, total: int, format: str) -> tuple[bytes, int]:
 def _csv_response(chunks: Iterator[bytes], total: int, name: str) -> Response:
     headers = {"X-Total-Count": str(total)}
     headers["Content-Disposition"] = f'attachment; filename="{name}.csv"'
+    if isinstance(chunks, _Held):
+        return _HeldResponse(chunks, headers)
     return StreamingResponse(chunks, media_type="text/csv", headers=headers)
+
+
+class _HeldResponse(StreamingResponse):
+    """A stream of _Held chunks whose slot is given back when the response ends, however it
+    ends: sent, failed, or cut short by a client that hung up (Starlette then stops iterating
+    without closing the iterator, which would keep the slot until a garbage collection)."""
+
+    def __init__(self, held: _Held, headers: dict[str, str]):
+        super().__init__(held, media_type="text/csv", headers=headers)
+        self.held = held
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.held.release()
 
 
 def _body_response(body: bytes, total: int, format: str, name: str) -> Response:
@@ -194,7 +212,8 @@ def _json(frame: pd.DataFrame, total: int) -> bytes:
 
 class _Held:
     """The chunks, holding a heavy-read slot until the last is sent or the stream is dropped
-    (closed, or collected unstarted). Sync, so Starlette iterates it off the event loop."""
+    (closed, its _HeldResponse ended, or collected unstarted). Sync, so Starlette iterates it
+    off the event loop."""
 
     def __init__(self, chunks: Iterator[bytes], release: Callable[[], None]):
         self._chunks = chunks

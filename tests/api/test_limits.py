@@ -168,6 +168,36 @@ def test_heavy_reads_past_the_slots_wait_in_the_queue_and_only_past_it_get_503(s
     assert again.status_code == 200
 
 
+def test_a_client_gone_while_its_export_waits_leaves_no_slot_taken(serve):
+    """CSV exports whose clients hang up while they wait in the queue: once the held slot
+    frees, each is read, finds no one to stream to and gives its slot back; the bound is
+    whole again and serves the next reads."""
+    app, client = serve(max_heavy_reads=1, heavy_read_queue=4)
+    sweep_id = _finished_sweep(app, client, depth=[2, 3])
+    assert client.get(f"/sweeps/{sweep_id}/metrics").status_code == 200  # makes the bound
+    heavy = app.state.heavy_reads
+    release = _hold(heavy)
+    base = str(client.base_url)
+
+    def impatient(seed: int) -> None:
+        with httpx.Client(base_url=base, timeout=0.5) as c, pytest.raises(httpx.ReadTimeout):
+            c.get(f"/sweeps/{sweep_id}/metrics", params={"seed": seed, "format": "csv"})
+
+    try:
+        gone = [threading.Thread(target=impatient, args=(seed,)) for seed in (0, 1)]
+        for t in gone:
+            t.start()
+        for t in gone:
+            t.join(30)
+        assert heavy.admitted == 3  # both still queued behind the held slot
+    finally:
+        release()
+    _wait_for(lambda: heavy.admitted == 0)  # read, nothing sent, slots given back
+    r = client.get(f"/sweeps/{sweep_id}/metrics", params={"seed": 0, "format": "csv"})
+    assert r.status_code == 200 and r.text.startswith("trial_id,")
+    _wait_for(lambda: heavy.admitted == 0)
+
+
 def test_a_plot_past_the_time_limit_is_a_504_and_cached_for_the_retry(serve):
     app, client = serve(plot_timeout_s=0.001)  # no plot is drawn in a millisecond
     sweep_id = _finished_sweep(app, client, depth=[2, 3])
