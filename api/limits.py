@@ -32,7 +32,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from api.cache import SingleFlightCache
@@ -94,53 +93,52 @@ class HeavyReads:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
-    def _enter(self) -> Callable[[], None]:
-        """Count one admitted read, or raise the 503. Returns its release (idempotent)."""
+    def _submit(self, fn: Callable[[], T], *, hold: bool) -> tuple[Future, Callable[[], None]]:
+        """Admit fn (or raise the 503) and queue it for a slot. Returns its job and the slot's
+        release (idempotent, from any thread), which the job calls itself when fn fails or,
+        unless `hold`, when fn returns."""
         with self._lock:
             if self.admitted >= self.limit + self.queue:
                 raise self._refuse()
             self.admitted += 1
-        released = threading.Event()
+        once = threading.Lock()
 
-        def release() -> None:
+        def leave() -> None:
             with self._lock:
-                if released.is_set():
-                    return
-                released.set()
                 self.admitted -= 1
                 idle = self.admitted == 0
             if idle and MALLOC_TRIM is not None:
                 MALLOC_TRIM()
                 self.trims += 1
 
-        return release
-
-    async def run_holding(self, fn: Callable[[], T]) -> tuple[T, Callable[[], None]]:
-        """fn() on a heavy-read worker once a slot is free, as `run`, but the slot stays held
-        after fn returns, until the returned release is called (idempotent): a streamed CSV
-        holds it until its last chunk is sent."""
-        leave = self._enter()
-        released = threading.Event()
-
         def release() -> None:
-            if not released.is_set():
-                released.set()
+            if once.acquire(blocking=False):  # the first call only, whichever thread makes it
                 self._slots.release()
                 leave()
 
         def in_slot() -> T:
-            self._slots.acquire()
+            self._slots.acquire()  # a pool thread waits here only while streams hold slots
             try:
-                return fn()
+                result = fn()
             except BaseException:
                 release()
                 raise
+            if not hold:
+                release()
+            return result
 
         try:
             job = self._pool.submit(in_slot)
         except BaseException:
             leave()
             raise
+        return job, release
+
+    async def run_holding(self, fn: Callable[[], T]) -> tuple[T, Callable[[], None]]:
+        """fn() on a heavy-read worker once a slot is free, as `run`, but the slot stays held
+        after fn returns, until the returned release is called (idempotent): a streamed CSV
+        holds it until its last chunk is sent."""
+        job, release = self._submit(fn, hold=True)
         try:
             result = await asyncio.shield(asyncio.wrap_future(job))
         except asyncio.CancelledError:  # the request went away: the slot goes back once taken
@@ -152,18 +150,7 @@ class HeavyReads:
         self, fn: Callable[[], T], *, timeout_s: float | None = None, what: str = "the read"
     ) -> T:
         """fn() on a heavy-read worker, once a slot is free (waiting in the queue until then)."""
-        leave = self._enter()
-
-        def in_slot() -> T:
-            with self._slots:  # a pool thread waits here only while streams hold slots
-                return fn()
-
-        try:
-            job = self._pool.submit(in_slot)
-        except BaseException:
-            leave()
-            raise
-        job.add_done_callback(lambda _: leave())
+        job, _ = self._submit(fn, hold=False)
         return await self.wait(job, timeout_s, what)
 
     async def wait(self, job: Future, timeout_s: float | None, what: str) -> Any:
@@ -198,10 +185,6 @@ class HeavyReads:
         return await self.run(
             lambda: cache.get(key, compute, final=final), timeout_s=timeout_s, what=what
         )
-
-    async def call(self, fn: Callable[[], T], *, heavy: bool) -> T:
-        """fn() in a slot when `heavy`, else on the light routes' threadpool."""
-        return await (self.run(fn) if heavy else run_in_threadpool(fn))
 
 
 def make_heavy_reads(settings: Settings) -> HeavyReads:

@@ -10,11 +10,10 @@ whole sweep, the others one seed) and GET /healthz in between. The first server 
 heavy-read limit off (ISOSWEEP_MAX_HEAVY_READS above the client count, no plot time limit);
 the second runs with the settings' defaults. With --plots page the plots are asked as the
 dashboard asks them (chart data, format=json, and one in four a PNG download); otherwise every
-one is a PNG. A client waits out a 503's Retry-After and asks
-again, so a latency is the time to the final answer. Prints, for each, plot p99 / max, healthz
-p99 / max, the answers by status (a "+503" if a 503 came first), each kind's p50/p99 (plots
-also split by format), the server's peak RSS (VmHWM) and its RSS 5 s after the
-load, and the on/off ratios.
+one is a PNG. A client waits out a 503's Retry-After and asks again, so a latency is the time
+to the final answer. Prints, for each, plot p99 / max, healthz p99 / max, the answers by
+status (a "+503" if a 503 came first), each kind's p50/p99 (plots also split by format), the
+server's peak RSS (VmHWM) and its RSS 5 s after the load, and the on/off ratios.
 
 submit: POST one 5,000-trial spec with epochs = 100,000 alone, then six at once (their own
 names, so nothing is reused); prints each status and time, and the six's slowest as a multiple

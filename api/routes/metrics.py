@@ -134,8 +134,7 @@ async def frame_answer(
     the heavy-read queue holds no frame."""
 
     def page(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-        rows = frame.iloc[offset : offset + limit if limit is not None else None]
-        return (rows if offset or limit is not None else frame), len(frame)
+        return frame.iloc[offset : offset + limit if limit is not None else None], len(frame)
 
     state, found = cache.peek(key)
     if state == "flight":  # another request is reading it: wait for that, holding no slot
@@ -145,10 +144,13 @@ async def frame_answer(
         if len(rows) <= LIGHT_ROWS:
             return await _answer(rows, total, format, name)
         del found, rows  # not held while this request waits for a slot
-    frame_of = lambda: page(cache.get(key, read, final=final))  # noqa: E731
+
+    def frame_of() -> tuple[pd.DataFrame, int]:
+        return page(cache.get(key, read, final=final))
+
     if format == "csv":
         (rows, total), release = await heavy.run_holding(frame_of)
-        return _csv_response(_Held(csv_chunks(rows), release), total, name)
+        return _csv_response(csv_chunks(rows), total, name, release)
     body, total = await heavy.run(lambda: _encoded(*frame_of(), format))
     return _body_response(body, total, format, name)
 
@@ -166,12 +168,15 @@ def _encoded(frame: pd.DataFrame, total: int, format: str) -> tuple[bytes, int]:
     return (parquet_bytes(frame) if format == "parquet" else _json(frame, total)), total
 
 
-def _csv_response(chunks: Iterator[bytes], total: int, name: str) -> Response:
+def _csv_response(
+    chunks: Iterator[bytes], total: int, name: str, release: Callable[[], None] | None = None
+) -> Response:
+    """The CSV stream; with `release`, it holds a heavy-read slot until it ends."""
     headers = {"X-Total-Count": str(total)}
     headers["Content-Disposition"] = f'attachment; filename="{name}.csv"'
-    if isinstance(chunks, _Held):
-        return _HeldResponse(chunks, headers)
-    return StreamingResponse(chunks, media_type="text/csv", headers=headers)
+    if release is None:
+        return StreamingResponse(chunks, media_type="text/csv", headers=headers)
+    return _HeldResponse(_Held(chunks, release), headers)
 
 
 class _HeldResponse(StreamingResponse):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
@@ -126,7 +127,7 @@ async def read_spectrum_plot(
     of the `compare` trials (jacobian_spectrum)."""
     at = _epoch(epoch)
     ids = [trial_id, *(compare or [])]
-    infos = await heavy.call(lambda: [store.get_trial(t) for t in ids], heavy=False)  # or 404
+    infos = await run_in_threadpool(lambda: [store.get_trial(t) for t in ids])  # or 404
     version = tuple((i.id, i.status, i.attempts, i.epochs_done, i.last_epoch) for i in infos)
     final = all(i.status in STABLE for i in infos)
     asked = (kind, name, at, tuple(layer or ()), format)
