@@ -3,7 +3,10 @@ background thread on a free loopback port (`ServerThread`, for tests and benchma
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
+import socket
 import threading
 import time
 
@@ -49,6 +52,52 @@ def serve_api(
     uvicorn.Server(config).run()
 
 
+class _PromptServer(uvicorn.Server):
+    """uvicorn's server, made to stop promptly when told from another thread.
+
+    uvicorn's main loop looks at `should_exit` every 0.1 s, and its shutdown then gives open
+    connections a fixed 0.1 s to finish. `ServerThread.stop` wakes the loop at once (`exit`),
+    and with no connection left open the shutdown skips that grace: ~0.2 s → ~1 ms a stop,
+    paid by every test that starts a server. With a connection open, uvicorn's own shutdown
+    runs unchanged."""
+
+    def __init__(self, config: uvicorn.Config):
+        super().__init__(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=0.1)
+            should_exit = await self.on_tick(counter)
+
+    def exit(self) -> None:
+        """Stop serving (thread-safe): what `should_exit = True` does, without the tick's wait."""
+        self.should_exit = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                loop.call_soon_threadsafe(wake.set)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.server_state.connections or self.server_state.tasks:
+            await super().shutdown(sockets)
+            return
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for server in self.servers:
+            await server.wait_closed()
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+
 class ServerThread:
     """uvicorn in a daemon thread, on a free port of `host` (port 0 lets the OS choose).
 
@@ -60,7 +109,7 @@ class ServerThread:
         config = uvicorn.Config(
             app, host=host, port=port, log_level="warning", lifespan="on", server_header=False
         )
-        self.server = uvicorn.Server(config)
+        self.server = _PromptServer(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.host = host
         self.port = port
@@ -80,7 +129,7 @@ class ServerThread:
         return self
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        self.server.should_exit = True
+        self.server.exit()
         self.thread.join(timeout_s)
 
     def __enter__(self) -> ServerThread:

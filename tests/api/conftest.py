@@ -4,6 +4,7 @@ are written straight through the Store with hand-made records: no Ray, no torch.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,11 @@ class Api:
         return self.client.post(path, **kw)
 
 
+# One TLS context for every test client: httpx builds (and loads the CA bundle into) a new one
+# per client otherwise, ~25 ms each; the servers here speak plain HTTP on loopback anyway.
+_TLS = ssl.create_default_context()
+
+
 @pytest.fixture
 def start_api(database_url):
     """start_api(**settings) → Api; every server and store started is stopped afterwards."""
@@ -41,7 +47,7 @@ def start_api(database_url):
         settings = Settings(database_url=database_url, **overrides)
         store = Store(database_url, settings=settings)
         server = ServerThread(create_app(settings, store=store)).start()
-        client = httpx.Client(base_url=f"{server.url}/api/v1", timeout=60)
+        client = httpx.Client(base_url=f"{server.url}/api/v1", timeout=60, verify=_TLS)
         started.append((server, store, client))
         return Api(server.url, client, store, settings)
 
