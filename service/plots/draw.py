@@ -1,7 +1,8 @@
 """Matplotlib drawing helpers: lines with CI bands, non-finite markers, grids, bytes.
 
-Object API only (Figure + FigureCanvasAgg): no pyplot state, so figures can be drawn from
-several threads at once. Imported lazily by service.plots.render, never at API start-up.
+Object API only (Figure + an Agg `Canvas`): no pyplot state, so figures can be built from
+several threads at once (they are drawn one at a time: DRAWING). Imported lazily by
+service.plots.render, never at API start-up.
 
 Figures fit at any size (docs/dashboard.md, "Figures that fit"): every figure is a
 `FittedFigure` in constrained layout, whose titles, captions, axis labels and legend entries are
@@ -26,7 +27,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import colors as mcolors
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from matplotlib.lines import Line2D
@@ -61,6 +62,10 @@ COMPACT = 0.8  # the texts' scale when they do not fit at their size
 # Matplotlib's mathtext parser (log-axis tick labels such as 5×10²) keeps pyparsing state shared
 # by the whole process and fails when two threads parse at once: one figure is drawn at a time.
 DRAWING = threading.RLock()
+# One mathtext parser for every figure drawn here (each renderer makes its own, and the parse
+# cache is the parser's: every figure parsed its log-axis tick labels afresh, ~9 parses a tenth
+# of a PNG's time). Used under DRAWING only, as the shared pyparsing state requires anyway.
+_MATHTEXT: dict[Any, Any] = {}
 
 
 @dataclass
@@ -100,6 +105,7 @@ class FittedFigure(Figure):
 
     def draw(self, renderer: Any) -> None:
         with DRAWING:
+            _share_mathtext(renderer)
             if self.get_visible() and not self._laid_out():
                 fit_texts(self, renderer)
                 self._fitted_at = self._at()
@@ -117,10 +123,44 @@ class FittedFigure(Figure):
         return isinstance(engine, PlaceHolderLayoutEngine) and self._fitted_at == self._at()
 
 
+class Canvas(FigureCanvasAgg):
+    """The Agg canvas of every figure drawn here, whose renderer is the process's one for its
+    size and resolution (`_RENDERERS`, the few last used). Matplotlib caches text extents per
+    renderer, so a renderer per figure measured every tick label and title afresh, a sixth of
+    a PNG's time. One renderer's pixels serve one figure at a time: `to_bytes` draws and
+    encodes under DRAWING."""
+
+    def get_renderer(self) -> RendererAgg:
+        w, h = self.get_width_height(physical=True)
+        key = (w, h, self.figure.dpi)
+        with DRAWING:
+            renderer = _RENDERERS.pop(key, None) or RendererAgg(w, h, self.figure.dpi)
+            _RENDERERS[key] = renderer  # the last used last
+            while len(_RENDERERS) > RENDERERS_KEPT:
+                del _RENDERERS[next(iter(_RENDERERS))]
+        self.renderer, self._lastKey = renderer, key
+        return renderer
+
+
+RENDERERS_KEPT = 8  # ~1.7 MB of pixels each at the default size
+_RENDERERS: dict[tuple, RendererAgg] = {}
+
+
+def _share_mathtext(renderer: Any) -> None:
+    """Give `renderer` (Agg: its own parser and its text-to-path's; SVG: the latter) the
+    process's one mathtext parser (`_MATHTEXT`): a parse cached for one figure serves the
+    next; one per kind of output a parser makes (all "path" in this matplotlib)."""
+    for owner in (renderer, getattr(renderer, "_text2path", None)):
+        parser = getattr(owner, "mathtext_parser", None)
+        if parser is not None:
+            kind = (type(parser), getattr(parser, "_output_type", None))
+            owner.mathtext_parser = _MATHTEXT.setdefault(kind, parser)
+
+
 def new_figure(nrows: int = 1, height: float = 4.4) -> tuple[Figure, list[Axes]]:
     size = (WIDTH, height * nrows if nrows > 1 else height)
     fig = FittedFigure(figsize=size, layout="constrained")
-    FigureCanvasAgg(fig)
+    Canvas(fig)
     axes = fig.subplots(nrows, 1, sharex=True, squeeze=False)[:, 0]
     return fig, list(axes)
 
@@ -677,5 +717,6 @@ def no_data(heading: str, reason: str) -> Figure:
 def to_bytes(fig: Figure, fmt: str) -> bytes:
     buf = io.BytesIO()
     meta = {"Date": None} if fmt == "svg" else None  # reproducible SVG
-    fig.savefig(buf, format=fmt, dpi=DPI, metadata=meta)
+    with DRAWING:  # drawn and encoded while the shared renderer is this figure's (Canvas)
+        fig.savefig(buf, format=fmt, dpi=DPI, metadata=meta)
     return buf.getvalue()

@@ -526,8 +526,6 @@ def _history_figure(s: SearchTrials, yscale: str | None) -> Figure:
 
 
 def _slice_figure(s: SearchTrials, yscale: str | None) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
     from service.plots import draw
 
     title = f"{s.objective.metric} against each parameter"
@@ -537,7 +535,7 @@ def _slice_figure(s: SearchTrials, yscale: str | None) -> Figure:
     names = list(s.params)
     fig = draw.FittedFigure(figsize=(draw.WIDTH, 3.2 * math.ceil(len(names) / 2) + 0.8),
                             layout="constrained")  # fmt: skip
-    FigureCanvasAgg(fig)
+    draw.Canvas(fig)
     ncols = 1 if len(names) == 1 else 2
     axes = fig.subplots(math.ceil(len(names) / ncols), ncols, squeeze=False).ravel()
     y = done["value"].to_numpy(float)

@@ -3,6 +3,7 @@ hand-built frame), the drawing (valid PNG/SVG, non-finite markers), and the erro
 
 from __future__ import annotations
 
+import io
 import math
 import subprocess
 import sys
@@ -354,6 +355,33 @@ def test_rendering_from_threads_matches_rendering_alone(frame):
     with ThreadPoolExecutor(4) as pool:
         out = list(pool.map(lambda _: render("depth_scaling", frame, **args), range(4)))
     assert all(b == alone for b in out)
+
+
+def test_a_shared_renderer_draws_what_a_figures_own_renderer_draws(frame):
+    """Figures drawn here share an Agg renderer per size and one mathtext parser (faster text
+    extents and tick labels): two kinds of the same size, drawn after one another and from
+    threads at once, give the PNG bytes of a figure with a renderer of its own (matplotlib's
+    plain canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from service.plots import build_figure
+    from service.plots.draw import DPI
+
+    args = {
+        "depth_scaling": dict(metric="grad_norm", group_by="init"),
+        "layer_profile": dict(metric="grad_norm"),
+    }
+    own = {}
+    for kind, kw in args.items():
+        fig = build_figure(kind, frame, **kw)
+        FigureCanvasAgg(fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI)
+        own[kind] = buf.getvalue()
+    assert own["depth_scaling"] != own["layer_profile"]
+    with ThreadPoolExecutor(4) as pool:
+        out = list(pool.map(lambda k: (k, render(k, frame, **args[k])), list(args) * 4))
+    assert all(png == own[kind] for kind, png in out)
 
 
 def test_importing_plots_does_not_import_matplotlib():

@@ -38,21 +38,30 @@ GOLDEN_RTOL = {"float32": 1e-5, "float64": 1e-12}
 # layer): a backward-stable solver's error is relative to the largest value, and the tail of a
 # singular Gram sits at rounding level, where elementwise relative differences mean nothing.
 SPECTRAL = ("spectrum/", "jacobian_singular_values")
+# A gap is computed in float64 as a difference of logs of O(1) size (log of the mean eigenvalue
+# minus the mean log): its rounding is absolute, some ε₆₄ whatever the gap, so a gap near 0 (an
+# orthogonal init's weight gaps, ~3e-16) has no relative accuracy. Seen on two CPUs: 2.7e-16 vs
+# 3.4e-16, 1 ulp of 1.0 apart. The floor, ~1000 ε₆₄, is far below what a change of the
+# mathematics moves a gap by (1e-3 relative of gaps ≥ 1e-6).
+GAP_ATOL = 1e-13
 
 
 def assert_matches_golden(got: np.ndarray, want: np.ndarray, rtol: float, key: str) -> None:
+    """`key`: the metric's name, or "<config>: <metric>"."""
+    metric = key.rsplit(": ", 1)[-1]
     # +∞ and NaN are structural (decided from the network, not from rounding): exactly equal
     assert got.shape == want.shape, key
     np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want), err_msg=key)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=key)
     np.testing.assert_array_equal(got[np.isinf(got)], want[np.isinf(want)], err_msg=key)
     fin = np.isfinite(want)
-    if key.startswith(SPECTRAL):
+    if metric.startswith(SPECTRAL):
         scale = np.nanmax(np.abs(np.where(fin, want, np.nan)), axis=-1, keepdims=True)
         err = np.where(fin, np.abs(got - want), 0.0)
         assert np.all(err <= rtol * np.nan_to_num(scale)), (key, float(np.max(err / scale)))
     else:
-        np.testing.assert_allclose(got[fin], want[fin], rtol=rtol, atol=0, err_msg=key)
+        atol = GAP_ATOL if "gap" in metric else 0.0
+        np.testing.assert_allclose(got[fin], want[fin], rtol=rtol, atol=atol, err_msg=key)
 
 
 @pytest.mark.slow  # five small trainings, ~10 s
@@ -90,10 +99,15 @@ def test_the_golden_comparison_can_fail():
         assert_matches_golden(np.where(np.isinf(want), 50.0, want), want, 1e-5, "isometry_gap/act")
     spec = np.array([[4.0, 1.0, 1e-12]])
     assert_matches_golden(
-        spec + np.array([[0, 0, 1e-7]]), spec, 1e-5, "spectrum/act"
-    )  # tail at rounding
+        spec + np.array([[0, 0, 1e-7]]), spec, 1e-5, "{'depth': 5}: spectrum/act"
+    )  # tail at rounding, with the config in the key as the golden test gives it
     with pytest.raises(AssertionError):
         assert_matches_golden(spec * [[1, 1 + 1e-4, 1]], spec, 1e-5, "spectrum/act")
+    # a gap at rounding level: 1 ulp of 1.0 apart passes, a gap of 1e-6 moved by 1e-3 does not
+    tiny = np.array([3.4e-16, 1e-6])
+    assert_matches_golden(tiny - [1.1e-16, 0], tiny, 1e-5, "c: weight_isometry_gap")
+    with pytest.raises(AssertionError):
+        assert_matches_golden(tiny * [1, 1 + 1e-3], tiny, 1e-5, "c: weight_isometry_gap")
 
 
 def test_rms_and_mean_cosine_closed_forms():
