@@ -138,7 +138,8 @@ class Canvas(FigureCanvasAgg):
             _RENDERERS[key] = renderer  # the last used last
             while len(_RENDERERS) > RENDERERS_KEPT:
                 del _RENDERERS[next(iter(_RENDERERS))]
-        self.renderer, self._lastKey = renderer, key
+        self.renderer = renderer
+        self._lastKey = key  # type: ignore[assignment]  # typed None in matplotlib's stubs
         return renderer
 
 
@@ -152,7 +153,7 @@ def _share_mathtext(renderer: Any) -> None:
     next; one per kind of output a parser makes (all "path" in this matplotlib)."""
     for owner in (renderer, getattr(renderer, "_text2path", None)):
         parser = getattr(owner, "mathtext_parser", None)
-        if parser is not None:
+        if owner is not None and parser is not None:
             kind = (type(parser), getattr(parser, "_output_type", None))
             owner.mathtext_parser = _MATHTEXT.setdefault(kind, parser)
 
