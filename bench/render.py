@@ -26,11 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from service.errors import InvalidInput
-from service.plots import (
-    PLOT_KINDS,
-    draw,
-    render,
-)
+from service.plots import PLOT_KINDS, draw, render
 
 METRIC = "isometry_gap/act"
 

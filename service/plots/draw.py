@@ -139,7 +139,6 @@ class Canvas(FigureCanvasAgg):
             while len(_RENDERERS) > RENDERERS_KEPT:
                 del _RENDERERS[next(iter(_RENDERERS))]
         self.renderer = renderer
-        self._lastKey = key  # type: ignore[assignment]  # typed None in matplotlib's stubs
         return renderer
 
 
