@@ -22,6 +22,7 @@ import pandas as pd
 
 from service.config import METRICS
 from service.errors import InvalidInput
+from service.plots import memo
 from service.plots.defaults import default_pooling, field_default
 from service.plots.labels import METRIC_LABELS, field_label
 from service.plots.pooling import BANDS, NONFINITE, SCALES, STATS
@@ -141,6 +142,7 @@ def render(
     (fmt "json": service.plots.charts, the same numbers and texts).
 
     An empty frame (or one without rows of the metric) gives a figure saying "no data".
+    A drawing of the same frame with the same arguments is drawn once (service.plots.memo).
     `stat`, `band`, `nonfinite`, `xscale`, `yscale`: PLOT_OPTIONS; None = the default:
     geomean on a log y axis for a gap or gradient norm against depth or layer
     (service.plots.defaults.default_pooling), else mean on "auto" axes; the statistic's band
@@ -152,6 +154,11 @@ def render(
             `field` names it and the message lists the allowed values.
     """
     check_choice(fmt, FORMATS, "format")
+    key = memo.key_of(frame, kind, fmt, metric, sorted(args.items()))
+    return memo.drawn(key, lambda: _draw(kind, frame, metric, fmt, args))
+
+
+def _draw(kind: str, frame: pd.DataFrame, metric: Any, fmt: str, args: Any) -> bytes:
     if fmt == "json":
         from service.plots.charts import CHART_BUILDERS, chart_bytes, no_data
 
