@@ -23,6 +23,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import State
 
 from api import dashboard
 from api.cache import SingleFlightCache
@@ -88,14 +89,31 @@ def create_app(
         redoc_url=None,
         generate_unique_id_function=operation_id,  # operationId = the handler's name
     )
+    install_error_handlers(app)  # its CatchAll innermost, the guards (set_state) around it
+    set_state(app, settings, store=store, runner=runner)
+    app.include_router(api_router)
+    app.include_router(dashboard.router)
+    _offline_docs(app)
+    return app
+
+
+def set_state(
+    app: FastAPI, settings: Settings, *, store: Store | None = None, runner: Any = None
+) -> None:
+    """What an app holds besides its routes, all of it new: settings, store, runner, the read
+    cache, the OpenAPI document, the middleware (the guards, from these settings); and none of
+    what requests add (the heavy-read queue, the throttles). create_app calls it; a test that
+    serves many databases with one settings calls it again on the app it built once (FastAPI
+    builds an app's included routes at its first request, ~0.2 s: tests/api/conftest.py)."""
+    app.state = State()
     app.state.settings = settings
     app.state.store = store
     app.state.runner = runner
     app.state.cache = SingleFlightCache()  # metric frames and plots, per sweep version
-    install_error_handlers(app)
-    app.include_router(api_router)
-    app.include_router(dashboard.router)
-    _offline_docs(app)
+    app.openapi_schema = None
+    app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
+    app.middleware_stack = None  # built anew at the first request, with these guards:
+    app.user_middleware[:] = [m for m in app.user_middleware if m.cls not in _GUARDS]
     # Added innermost first: a request meets HostCheck first, BodyLimit last (api/guards.py).
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(MediaType)
@@ -103,8 +121,9 @@ def create_app(
     app.add_middleware(SameOrigin)
     app.add_middleware(ContentLength)
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
-    app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
-    return app
+
+
+_GUARDS = (BodyLimit, MediaType, TokenAuth, SameOrigin, ContentLength, HostCheck)
 
 
 def _offline_docs(app: FastAPI) -> None:

@@ -10,9 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
-from api.app import create_app
+from api.app import create_app, set_state
 from api.server import ServerThread
+from service import models
 from service.settings import Settings
 from service.store import Store
 
@@ -38,6 +40,25 @@ class Api:
 _TLS = ssl.create_default_context()
 
 
+# One app per settings (the database aside) in this process: FastAPI builds an app's included
+# routes at its first request (~0.2 s, most of a small test's time). A test gets the app an
+# earlier one built, with everything else new (api.app.set_state: settings, store, caches,
+# throttles, OpenAPI document, middleware) and its own server; the registered models are loaded
+# again, as create_app does. A test that builds its app itself (create_app) gets a new one.
+_APPS: dict[str, FastAPI] = {}
+
+
+def _app(settings: Settings, store: Store) -> FastAPI:
+    key = repr(sorted(settings.model_dump(exclude={"database_url"}).items()))
+    app = _APPS.get(key)
+    if app is None:
+        app = _APPS[key] = create_app(settings, store=store)
+    else:
+        models.load_registered()
+        set_state(app, settings, store=store)
+    return app
+
+
 @pytest.fixture
 def start_api(database_url):
     """start_api(**settings) → Api; every server and store started is stopped afterwards."""
@@ -46,7 +67,7 @@ def start_api(database_url):
     def start(**overrides: Any) -> Api:
         settings = Settings(database_url=database_url, **overrides)
         store = Store(database_url, settings=settings)
-        server = ServerThread(create_app(settings, store=store)).start()
+        server = ServerThread(_app(settings, store)).start()
         client = httpx.Client(base_url=f"{server.url}/api/v1", timeout=60, verify=_TLS)
         started.append((server, store, client))
         return Api(server.url, client, store, settings)
