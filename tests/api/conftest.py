@@ -44,39 +44,45 @@ _TLS = ssl.create_default_context()
 # routes at its first request (~0.2 s, most of a small test's time). A test gets the app an
 # earlier one built, with everything else new (api.app.set_state: settings, store, caches,
 # throttles, OpenAPI document, middleware) and its own server; the registered models are loaded
-# again, as create_app does. A test that builds its app itself (create_app) gets a new one.
+# again, as create_app does. A second server a test starts while its first runs gets an app of
+# its own; so does a test that builds its app itself (create_app).
 _APPS: dict[str, FastAPI] = {}
+_SERVING: set[int] = set()  # ids of the apps of the servers now running
 
 
 def _app(settings: Settings, store: Store) -> FastAPI:
     key = repr(sorted(settings.model_dump(exclude={"database_url"}).items()))
     app = _APPS.get(key)
-    if app is None:
-        app = _APPS[key] = create_app(settings, store=store)
+    if app is None or id(app) in _SERVING:
+        app = create_app(settings, store=store)
+        _APPS.setdefault(key, app)
     else:
         models.load_registered()
         set_state(app, settings, store=store)
+    _SERVING.add(id(app))
     return app
 
 
 @pytest.fixture
 def start_api(database_url):
     """start_api(**settings) → Api; every server and store started is stopped afterwards."""
-    started: list[tuple[ServerThread, Store, httpx.Client]] = []
+    started: list[tuple[ServerThread, Store, httpx.Client, FastAPI]] = []
 
     def start(**overrides: Any) -> Api:
         settings = Settings(database_url=database_url, **overrides)
         store = Store(database_url, settings=settings)
-        server = ServerThread(_app(settings, store)).start()
+        app = _app(settings, store)
+        server = ServerThread(app).start()
         client = httpx.Client(base_url=f"{server.url}/api/v1", timeout=60, verify=_TLS)
-        started.append((server, store, client))
+        started.append((server, store, client, app))
         return Api(server.url, client, store, settings)
 
     yield start
-    for server, store, client in started:
+    for server, store, client, app in started:
         client.close()
         server.stop()
         store.close()
+        _SERVING.discard(id(app))
 
 
 @pytest.fixture
