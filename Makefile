@@ -6,6 +6,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Loopback-only Ray, and one auth mode for every Ray client we start (see README, "Ray").
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER := 0
+# Bytecode caches on where the environment turns them off (PYTHONDONTWRITEBYTECODE=1 on this
+# machine): otherwise every Python process the tests start (Ray workers, the CLI, `isosweep
+# serve`) compiles the project's modules again, and every pytest worker rewrites the tests'
+# asserts again. __pycache__/ is ignored by git.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test test-fast lint format bench browser clean
 

@@ -53,6 +53,40 @@ LONGEST_FIRST = (
 )
 
 
+# Modules whose every test is slow and that do costly work at collection (test_fuzz.py:
+# schemathesis builds its coverage phase's cases, ~10 s a process): not imported by a run
+# whose -m deselects every slow test (`make test-fast`).
+SLOW_ONLY = ("test_fuzz.py",)
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.name in SLOW_ONLY and _deselects_slow(config.option.markexpr):
+        return True
+    return None
+
+
+def _deselects_slow(markexpr: str) -> bool:
+    """Whether -m `markexpr` deselects a test marked slow, whatever its other marks are among
+    those a slow-only module's tests carry (postgres)."""
+    if not markexpr:
+        return False
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own -m parser
+    except ImportError:  # pragma: no cover - collect, as without this rule
+        return False
+    expr = Expression.compile(markexpr)
+    return not any(expr.evaluate(_carries(marks)) for marks in ({"slow"}, {"slow", "postgres"}))
+
+
+def _carries(marks: set[str]):
+    """-m's matcher for a test with `marks` (none of them with arguments)."""
+
+    def match(name: str, /, **kwargs) -> bool:
+        return name in marks and not kwargs
+
+    return match
+
+
 def _rank(item) -> int:
     name = item.path.name
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import schemathesis
 from api_support import fill, spec
+from fuzz_support import APP, LIMITS, schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
@@ -19,9 +19,6 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-from api.app import create_app
-from service.settings import Settings
 
 CHECKS = [
     not_a_server_error,
@@ -33,26 +30,6 @@ CHECKS = [
 
 
 READ_TIMEOUT_S = 120
-LIMITS = {"max_trials_per_sweep": 24, "max_points": 50_000, "max_body_bytes": 20_000}
-# The app is built once, without a store: `wired` plugs in a fresh, filled one for each test.
-# (Loading the schema runs the app's lifespan, which opens its own store: keep it in memory.)
-# Schemathesis calls the app as Host "testserver": allowed here (the live server's loopback
-# names are the default).
-APP = create_app(
-    Settings(database_url="sqlite:///:memory:", allowed_hosts=["testserver"], **LIMITS)
-)
-# GET /sweeps/{id}/events streams until its sweep is final, and a client of the document reads
-# each answer to its end: left out here (tests/api/test_events.py covers it).
-EVENTS = "/api/v1/sweeps/{sweep_id}/events"
-schema = schemathesis.openapi.from_asgi("/openapi.json", APP).exclude(path=EVENTS)
-
-
-def test_the_document_lists_the_event_stream_that_the_fuzzing_leaves_out():
-    document = APP.openapi()
-    answer = document["paths"][EVENTS]["get"]["responses"]["200"]
-    assert list(answer["content"]) == ["text/event-stream"]
-    fuzzed = {result.ok().path for result in schema.get_all_operations()}
-    assert EVENTS not in fuzzed and "/api/v1/sweeps/{sweep_id}" in fuzzed
 
 
 @pytest.fixture(autouse=True)
