@@ -94,7 +94,16 @@ def _rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items):
     """Drop the Postgres run of `sqlite_only` tests at collection: not run, not reported; then
-    the longest modules first (a stable sort: the others keep their order)."""
+    the longest modules first (a stable sort: the others keep their order). A test of a
+    SLOW_ONLY module that is not marked slow is an error: test-fast would never run it."""
+    fast = [
+        i.nodeid for i in items if i.path.name in SLOW_ONLY and not i.get_closest_marker("slow")
+    ]
+    if fast:
+        raise pytest.UsageError(
+            f"{', '.join(fast)}: not marked slow in a module of SLOW_ONLY (tests/conftest.py), "
+            "which `make test-fast` does not collect: mark it slow or move it to another module"
+        )
     dropped = [i for i in items if i.get_closest_marker("sqlite_only") and _postgres_run(i)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
