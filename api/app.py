@@ -63,15 +63,13 @@ def create_app(
     runner beside the API (`isosweep serve`: api.cli.supervise.RunnerSupervisor, whose
     `status()` healthz reports), or None when no runner is supervised here."""
     settings = settings or get_settings()
-    models.load_registered()  # a misconfigured ISOSWEEP_MODEL_MODULES fails here, at start
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         own = app.state.store is None
         if own:
-            app.state.store = await run_in_threadpool(
-                Store, settings.database_url, settings=settings
-            )
+            current = app.state.settings  # set_state's latest
+            app.state.store = await run_in_threadpool(Store, current.database_url, settings=current)
         try:
             yield
         finally:
@@ -102,9 +100,12 @@ def set_state(
 ) -> None:
     """What an app holds besides its routes, all of it new: settings, store, runner, the read
     cache, the OpenAPI document, the middleware (the guards, from these settings); and none of
-    what requests add (the heavy-read queue, the throttles). create_app calls it; a test that
-    serves many databases with one settings calls it again on the app it built once (FastAPI
-    builds an app's included routes at its first request, ~0.2 s: tests/api/conftest.py)."""
+    what requests add (the heavy-read queue, the throttles); and the registered models loaded
+    (once per process: a misconfigured ISOSWEEP_MODEL_MODULES fails here, at start).
+    create_app calls it; a test that serves many databases with one settings calls it again on
+    the app it built once (FastAPI builds an app's included routes at its first request,
+    ~0.2 s: tests/api/conftest.py)."""
+    models.load_registered()
     app.state = State()
     app.state.settings = settings
     app.state.store = store
@@ -112,18 +113,25 @@ def set_state(
     app.state.cache = SingleFlightCache()  # metric frames and plots, per sweep version
     app.openapi_schema = None
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
-    app.middleware_stack = None  # built anew at the first request, with these guards:
-    app.user_middleware[:] = [m for m in app.user_middleware if m.cls not in _GUARDS]
-    # Added innermost first: a request meets HostCheck first, BodyLimit last (api/guards.py).
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MediaType)
-    app.add_middleware(TokenAuth, token=settings.api_token, open_reads=settings.open_reads)
-    app.add_middleware(SameOrigin)
-    app.add_middleware(ContentLength)
-    app.add_middleware(HostCheck, allowed=settings.allowed_hosts)
+    app.middleware_stack = None  # built anew at the first request, with these guards
+    guards = _guards(settings)
+    kinds = {cls for cls, _ in guards}
+    app.user_middleware[:] = [m for m in app.user_middleware if m.cls not in kinds]
+    for cls, options in guards:
+        app.add_middleware(cls, **options)
 
 
-_GUARDS = (BodyLimit, MediaType, TokenAuth, SameOrigin, ContentLength, HostCheck)
+def _guards(settings: Settings) -> list[tuple[Any, dict[str, Any]]]:
+    """The guard middleware and its options, innermost first: a request meets HostCheck
+    first, BodyLimit last (api/guards.py)."""
+    return [
+        (BodyLimit, {"max_bytes": settings.max_body_bytes}),
+        (MediaType, {}),
+        (TokenAuth, {"token": settings.api_token, "open_reads": settings.open_reads}),
+        (SameOrigin, {}),
+        (ContentLength, {}),
+        (HostCheck, {"allowed": settings.allowed_hosts}),
+    ]
 
 
 def _offline_docs(app: FastAPI) -> None:

@@ -6,7 +6,8 @@ sweep page drew, a PNG asked for again after its request's cache entry expired. 
 depends on nothing else (matplotlib's settings are the module's, fixed at import), so a
 drawing made once serves them all, in any process-wide order.
 
-Bounded in bytes, least recently used first. A frame that cannot be hashed (an object column of
+Bounded in bytes, least recently used first; concurrent requests for one drawing draw it
+once (service.single_flight). A frame that cannot be hashed (an object column of
 unhashable values pandas cannot stringify) is drawn each time.
 """
 
@@ -15,19 +16,19 @@ from __future__ import annotations
 import hashlib
 import pickle
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pandas as pd
 
+from service.single_flight import SingleFlightCache
+
 MAX_BYTES = 64 * 2**20
 MAX_ITEM_BYTES = 8 * 2**20  # a bigger drawing is not kept
-_entries: OrderedDict[bytes, bytes] = OrderedDict()
-_size = 0
+# Every drawing is kept as final: a figure of a frame's content does not go stale.
+cache = SingleFlightCache(max_bytes=MAX_BYTES, max_item_bytes=MAX_ITEM_BYTES)
 _lock = threading.Lock()
-stats = {"hits": 0, "misses": 0}  # read by tests and bench/render.py
 _bypass = 0  # > 0: draw everything (bypassed())
 
 
@@ -45,33 +46,15 @@ def key_of(frame: pd.DataFrame, *parts: Any) -> bytes | None:
 
 
 def drawn(key: bytes | None, draw: Callable[[], bytes]) -> bytes:
-    """The bytes drawn for `key` before, else `draw()` (kept when it fits)."""
-    global _size
+    """The bytes drawn for `key` before (or being drawn now, by another thread), else
+    `draw()`, kept when it fits."""
     if key is None or _bypass:
         return draw()
-    with _lock:
-        found = _entries.get(key)
-        if found is not None:
-            _entries.move_to_end(key)
-            stats["hits"] += 1
-            return found
-        stats["misses"] += 1
-    image = draw()
-    with _lock:
-        if key not in _entries and len(image) <= MAX_ITEM_BYTES:
-            _entries[key] = image
-            _size += len(image)
-            while _size > MAX_BYTES:
-                _, old = _entries.popitem(last=False)
-                _size -= len(old)
-    return image
+    return cache.get(key, draw, final=True)
 
 
 def clear() -> None:
-    global _size
-    with _lock:
-        _entries.clear()
-        _size = 0
+    cache.clear()
 
 
 @contextmanager

@@ -14,7 +14,6 @@ from fastapi import FastAPI
 
 from api.app import create_app, set_state
 from api.server import ServerThread
-from service import models
 from service.settings import Settings
 from service.store import Store
 
@@ -43,9 +42,9 @@ _TLS = ssl.create_default_context()
 # One app per settings (the database aside) in this process: FastAPI builds an app's included
 # routes at its first request (~0.2 s, most of a small test's time). A test gets the app an
 # earlier one built, with everything else new (api.app.set_state: settings, store, caches,
-# throttles, OpenAPI document, middleware) and its own server; the registered models are loaded
-# again, as create_app does. A second server a test starts while its first runs gets an app of
-# its own; so does a test that builds its app itself (create_app).
+# throttles, OpenAPI document, middleware; the registered models loaded) and its own server.
+# A second server a test starts while its first runs gets an app of its own; so does a test
+# that builds its app itself (create_app).
 _APPS: dict[str, FastAPI] = {}
 _SERVING: set[int] = set()  # ids of the apps of the servers now running
 
@@ -57,7 +56,6 @@ def _app(settings: Settings, store: Store) -> FastAPI:
         app = create_app(settings, store=store)
         _APPS.setdefault(key, app)
     else:
-        models.load_registered()
         set_state(app, settings, store=store)
     _SERVING.add(id(app))
     return app

@@ -100,11 +100,11 @@ def test_any_other_argument_draws_anew(monkeypatch, args):
 
 def test_a_refusal_is_not_kept(monkeypatch):
     drawn = counted(monkeypatch)
-    hits = memo.stats["hits"]
+    hits = memo.cache.hits
     for _ in range(2):
         with pytest.raises(InvalidInput, match="stat"):
             render("layer_profile", frame(), metric="grad_norm", fmt="svg", stat="mode")
-    assert len(drawn) == 2 and memo.stats["hits"] == hits and not memo._entries
+    assert len(drawn) == 2 and memo.cache.hits == hits and not memo.cache._entries
 
 
 def test_a_frame_that_cannot_be_hashed_draws_each_time(monkeypatch):
@@ -131,9 +131,9 @@ def test_bypassed_draws_every_time(monkeypatch):
 
 def test_the_memo_keeps_within_its_bytes(monkeypatch):
     first = render("layer_profile", frame(), metric="grad_norm", fmt="svg")
-    monkeypatch.setattr(memo, "MAX_BYTES", 2 * len(first) + 1)
+    monkeypatch.setattr(memo.cache, "max_bytes", 2 * len(first) + 1)
     for depth_offset in range(5):
         f = frame().assign(value=lambda d, k=depth_offset: d.value + k)
         render("layer_profile", f, metric="grad_norm", fmt="svg")
-    kept = memo._entries
-    assert 1 <= len(kept) <= 2 and memo._size == sum(map(len, kept.values())) <= memo.MAX_BYTES
+    kept = [value for _, _, value in memo.cache._entries.values()]
+    assert 1 <= len(kept) <= 2 and memo.cache._bytes == sum(map(len, kept)) <= memo.cache.max_bytes
